@@ -1,0 +1,233 @@
+package elector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Defaults for the timing fields of Config. See the README's tuning table.
+const (
+	DefaultRenewInterval     = 1 * time.Second
+	DefaultRenewDeadline     = 3 * time.Second
+	DefaultLeaseDuration     = 6 * time.Second
+	DefaultReleaseTimeout    = 5 * time.Second
+	DefaultReconnectMaxDelay = 500 * time.Millisecond
+)
+
+// maxIdentityLen is the longest application_name PostgreSQL keeps
+// (NAMEDATALEN - 1); longer names are cut by the server.
+const maxIdentityLen = 63
+
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
+var ErrInvalidConfig = errors.New("elector: invalid config")
+
+// ConfigError names the Config field that is wrong and the rule it breaks.
+// It wraps ErrInvalidConfig.
+type ConfigError struct {
+	Field string
+	Rule  string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("elector: invalid config: %s: %s", e.Field, e.Rule)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// Connector opens the elector's dedicated connection. The elector calls it
+// again after every connection loss. It must return a new connection each
+// time, never one borrowed from a pool.
+type Connector interface {
+	Connect(ctx context.Context) (*pgx.Conn, error)
+}
+
+// ConnectFunc adapts a function to Connector.
+type ConnectFunc func(ctx context.Context) (*pgx.Conn, error)
+
+// Connect calls f.
+func (f ConnectFunc) Connect(ctx context.Context) (*pgx.Conn, error) { return f(ctx) }
+
+// DSN returns a Connector for a PostgreSQL connection string (URL or
+// key=value form, as pgx.ParseConfig takes it; multi-host strings with
+// target_session_attrs=read-write work). It turns on TCP keepalives. A
+// string that does not parse makes New fail; the error never shows the
+// password.
+func DSN(dsn string) Connector {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return &dsnConnector{err: fmt.Errorf("invalid DSN: %s", redact(err.Error(), dsn))}
+	}
+	d := &net.Dialer{
+		Timeout: 10 * time.Second,
+		KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 3,
+		},
+	}
+	cfg.DialFunc = d.DialContext
+	return &dsnConnector{cfg: cfg}
+}
+
+type dsnConnector struct {
+	cfg *pgx.ConnConfig
+	err error
+}
+
+func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	return pgx.ConnectConfig(ctx, c.cfg)
+}
+
+var (
+	urlPassword = regexp.MustCompile(`://[^:/@?#]*:([^@]*)@`)
+	kvPassword  = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
+)
+
+// redact removes from s every password the connection string dsn may hold.
+func redact(s, dsn string) string {
+	var secrets []string
+	for _, m := range urlPassword.FindAllStringSubmatch(dsn, -1) {
+		secrets = append(secrets, m[1])
+	}
+	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
+		secrets = append(secrets, m[1], strings.Trim(m[1], "'"))
+	}
+	for _, sec := range secrets {
+		if sec != "" {
+			s = strings.ReplaceAll(s, sec, "xxxxx")
+		}
+	}
+	return s
+}
+
+// Callbacks are the elector's hooks. Only OnElected is required.
+type Callbacks struct {
+	// OnElected runs in its own goroutine when this elector becomes the
+	// leader. ctx is cancelled the moment leadership is in doubt, with the
+	// demotion reason as its cause (context.Cause). OnElected should return
+	// soon after ctx is done: the lock is kept until it returns, bounded by
+	// ReleaseTimeout. If it returns while still leader, the elector resigns
+	// (reason leader.ErrCallbackReturned) and campaigns again after one
+	// RenewInterval.
+	OnElected func(ctx context.Context, l leader.Leadership)
+	// OnDemoted is called exactly once after each OnElected, and never
+	// without one, once OnElected has returned (or ReleaseTimeout passed).
+	// reason is one of leader.ErrConnectionLost, ErrLockLost,
+	// ErrRenewDeadline, ErrResigned, ErrCallbackReturned,
+	// ErrTransactionPooling, or Run's context error. It runs on the
+	// elector's goroutine: return quickly.
+	OnDemoted func(l leader.Leadership, reason error)
+	// OnNewLeader is called with the identity of a new leader whenever the
+	// elector sees the holder change, this elector included. Followers learn
+	// it during their campaign rounds, with no extra queries. It runs on the
+	// elector's goroutine: return quickly.
+	OnNewLeader func(identity string)
+}
+
+// Config configures an Elector. Zero durations take the defaults.
+type Config struct {
+	// Connect opens the dedicated connection: DSN(...) or any Connector.
+	Connect Connector
+	// Key is the advisory lock that stands for leadership.
+	Key leader.Key
+	// Identity names this candidate; it becomes the connection's
+	// application_name. Default: hostname-pid. At most 63 printable ASCII
+	// characters.
+	Identity string
+	// Callbacks; OnElected is required.
+	Callbacks Callbacks
+	// Logger receives structured logs; nil means none.
+	Logger *zap.Logger
+
+	// RenewInterval is how often the leader checks that it holds the lock,
+	// and how long a follower's lock wait lasts before it starts a new
+	// campaign round. Default 1s.
+	RenewInterval time.Duration
+	// RenewDeadline is the trust window: the leader steps down when no
+	// renew has succeeded within RenewDeadline of when the last successful
+	// one was sent. Default 3s.
+	RenewDeadline time.Duration
+	// LeaseDuration is the server-side lease: the session's
+	// idle_session_timeout (PostgreSQL 14+), after which the server ends a
+	// silent leader's session and frees the lock. Default 6s.
+	LeaseDuration time.Duration
+	// ReleaseTimeout bounds how long a stepping-down leader waits for
+	// OnElected to return before it releases the lock anyway (and logs an
+	// error). Default 5s.
+	ReleaseTimeout time.Duration
+	// ReconnectMaxDelay caps the exponential, jittered backoff between
+	// reconnect attempts. Default 500ms.
+	ReconnectMaxDelay time.Duration
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.RenewInterval, DefaultRenewInterval)
+	def(&c.RenewDeadline, DefaultRenewDeadline)
+	def(&c.LeaseDuration, DefaultLeaseDuration)
+	def(&c.ReleaseTimeout, DefaultReleaseTimeout)
+	def(&c.ReconnectMaxDelay, DefaultReconnectMaxDelay)
+	if c.Identity == "" {
+		host, _ := os.Hostname()
+		suffix := fmt.Sprintf("-%d", os.Getpid())
+		if len(host)+len(suffix) > maxIdentityLen {
+			host = host[:maxIdentityLen-len(suffix)]
+		}
+		c.Identity = host + suffix
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+}
+
+func (c *Config) validate() error {
+	bad := func(field, rule string, args ...any) error {
+		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
+	}
+	switch {
+	case c.Connect == nil:
+		return bad("Connect", "required (use elector.DSN(...) or a ConnectFunc)")
+	case !c.Key.Valid():
+		return bad("Key", "must be a valid key (leader.KeyFromName with a non-empty UTF-8 name, leader.Int64Key or leader.PairKey)")
+	case c.Callbacks.OnElected == nil:
+		return bad("Callbacks.OnElected", "required")
+	case c.RenewInterval < time.Millisecond:
+		return bad("RenewInterval", "must be at least 1ms, got %s", c.RenewInterval)
+	case c.RenewDeadline <= c.RenewInterval:
+		return bad("RenewDeadline", "must be greater than RenewInterval (%s), got %s", c.RenewInterval, c.RenewDeadline)
+	case c.LeaseDuration <= c.RenewDeadline:
+		return bad("LeaseDuration", "must be greater than RenewDeadline (%s), got %s", c.RenewDeadline, c.LeaseDuration)
+	case c.ReleaseTimeout < 0:
+		return bad("ReleaseTimeout", "must not be negative, got %s", c.ReleaseTimeout)
+	case c.ReconnectMaxDelay < 0:
+		return bad("ReconnectMaxDelay", "must not be negative, got %s", c.ReconnectMaxDelay)
+	case len(c.Identity) > maxIdentityLen:
+		return bad("Identity", "must be at most %d bytes (PostgreSQL cuts application_name), got %d", maxIdentityLen, len(c.Identity))
+	}
+	for _, r := range c.Identity {
+		if r < 0x20 || r > 0x7e {
+			return bad("Identity", "must be printable ASCII (PostgreSQL replaces other characters in application_name), got %q", c.Identity)
+		}
+	}
+	if d, ok := c.Connect.(*dsnConnector); ok && d.err != nil {
+		return &ConfigError{Field: "Connect", Rule: d.err.Error()}
+	}
+	return nil
+}

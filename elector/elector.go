@@ -1,0 +1,537 @@
+// Package elector runs a long-lived leader election on a PostgreSQL advisory
+// lock. An Elector owns one dedicated connection, campaigns for the lock,
+// checks on every renew that its own backend still holds it, and calls
+// OnElected and OnDemoted. See the README for the guarantees and the
+// failure model.
+package elector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+// ErrAlreadyRunning is returned by Run when the Elector has run before.
+// An Elector runs once; make a new one to run again.
+var ErrAlreadyRunning = errors.New("elector: Run called more than once")
+
+// sqlstateLockNotAvailable is lock_not_available, raised when lock_timeout
+// ends a lock wait.
+const sqlstateLockNotAvailable = "55P03"
+
+// Elector campaigns for one advisory lock and runs callbacks while it holds
+// it. Create it with New and start it with Run. Its methods are safe for
+// concurrent use.
+type Elector struct {
+	cfg   Config
+	log   *zap.Logger
+	epoch time.Time
+
+	lockArgs   string // the key's argument list in SQL, from $1
+	keyArgs    []any
+	holderSQL  string
+	acquireSQL string
+	unlockSQL  string
+	checkSQL   string
+
+	ran        atomic.Bool
+	leading    atomic.Bool
+	trustUntil atomic.Int64 // ns since epoch; IsLeader is false past it
+	leaderID   atomic.Pointer[string]
+
+	mu     sync.Mutex
+	tenure *tenure
+	cbDone chan struct{} // closed when the last OnElected returned
+}
+
+type tenure struct {
+	l       leader.Leadership
+	cancel  context.CancelCauseFunc
+	demoted chan struct{}
+}
+
+// New validates cfg, fills in defaults and returns an Elector. A bad config
+// gives a *ConfigError naming the field and the rule (errors.Is
+// ErrInvalidConfig).
+func New(cfg Config) (*Elector, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e := &Elector{cfg: cfg, epoch: time.Now()}
+	e.log = cfg.Logger.With(zap.Stringer("key", cfg.Key), zap.String("identity", cfg.Identity))
+	e.lockArgs, e.keyArgs = cfg.Key.SQLArgs(1)
+	classid, objid, objsubid := cfg.Key.LockTag()
+	tag := fmt.Sprintf("l.locktype = 'advisory' AND l.classid = %d AND l.objid = %d AND l.objsubid = %d", classid, objid, objsubid)
+	e.holderSQL = `SELECT coalesce(a.application_name, ''), l.pid FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE ` + tag + ` AND l.granted AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) LIMIT 1`
+	e.acquireSQL = `SELECT pg_backend_pid() FROM pg_advisory_lock(` + e.lockArgs + `)`
+	e.unlockSQL = `SELECT pg_advisory_unlock(` + e.lockArgs + `)`
+	e.checkSQL = `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks l WHERE ` + tag + ` AND l.granted AND l.pid = pg_backend_pid())`
+	empty := ""
+	e.leaderID.Store(&empty)
+	return e, nil
+}
+
+// Identity returns the elector's identity (its application_name).
+func (e *Elector) Identity() string { return e.cfg.Identity }
+
+// Key returns the elector's key.
+func (e *Elector) Key() leader.Key { return e.cfg.Key }
+
+// IsLeader reports whether this elector leads: it holds the lock and its
+// last successful renew was sent less than RenewDeadline ago. It turns false
+// on this process's clock even when the elector's goroutine cannot run.
+func (e *Elector) IsLeader() bool {
+	return e.leading.Load() && e.now() < e.trustUntil.Load()
+}
+
+// Leader returns the identity of the current leader as last seen: this
+// elector's own while it leads, otherwise the holder seen in the latest
+// campaign round, or "" when unknown.
+func (e *Elector) Leader() string { return *e.leaderID.Load() }
+
+// Leadership returns the current tenure and true while this elector leads.
+func (e *Elector) Leadership() (leader.Leadership, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.tenure == nil || !e.IsLeader() {
+		return leader.Leadership{}, false
+	}
+	return e.tenure.l, true
+}
+
+// Resign steps down now if this elector leads: it cancels the OnElected
+// context, waits for OnElected to return (bounded by ReleaseTimeout),
+// releases the lock so that a waiting candidate takes over at once, and
+// calls OnDemoted with leader.ErrResigned. It returns when all of that is
+// done, or when ctx ends. It returns leader.ErrNotLeader when there is
+// nothing to resign. The elector campaigns again after one RenewInterval.
+func (e *Elector) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	t := e.tenure
+	e.mu.Unlock()
+	if t == nil {
+		return leader.ErrNotLeader
+	}
+	t.cancel(leader.ErrResigned)
+	select {
+	case <-t.demoted:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (e *Elector) now() int64 { return int64(time.Since(e.epoch)) }
+
+func (e *Elector) setLeader(id string) {
+	if *e.leaderID.Load() == id {
+		return
+	}
+	e.leaderID.Store(&id)
+	if id == "" {
+		return
+	}
+	e.log.Info("new leader seen", zap.String("leader", id))
+	if e.cfg.Callbacks.OnNewLeader != nil {
+		e.cfg.Callbacks.OnNewLeader(id)
+	}
+}
+
+// Run campaigns for the lock, leads while it holds it, and campaigns again
+// after each demotion, reconnecting as needed, until ctx ends. It then
+// steps down gracefully (see Resign), closes its connection, waits for every
+// goroutine it started, and returns nil. It returns an error only for
+// problems retrying cannot fix, such as leader.ErrTransactionPooling, and
+// ErrAlreadyRunning when called a second time.
+func (e *Elector) Run(ctx context.Context) error {
+	if !e.ran.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer e.waitCallback(nil)
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 25 * time.Millisecond
+	bo.MaxInterval = e.cfg.ReconnectMaxDelay
+	bo.Multiplier = 2
+	bo.RandomizationFactor = 0.5
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	attempt := 0
+	for {
+		err := e.connectAndServe(ctx, func() { attempt = 0; bo.Reset() })
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, leader.ErrTransactionPooling) {
+			e.log.Error("giving up", zap.Error(err))
+			return err
+		}
+		attempt++
+		delay := bo.NextBackOff()
+		e.log.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// connectAndServe opens a connection, campaigns and leads on it until it
+// breaks or ctx ends, and closes it.
+func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.LeaseDuration)
+	conn, err := e.cfg.Connect.Connect(cctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer closeConn(conn)
+	pid, err := e.setup(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("session setup: %w", err)
+	}
+	connected()
+	e.log.Info("connected", zap.Uint32("backend_pid", pid))
+	return e.serve(ctx, conn, pid)
+}
+
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn.Close(ctx)
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+func serverMajor(conn *pgx.Conn) int {
+	v := conn.PgConn().ParameterStatus("server_version")
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		v = v[:i]
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+// setup configures the session in one round trip: application_name, the
+// lock wait bound, the server-side lease and keepalives.
+func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (uint32, error) {
+	c := e.cfg
+	keepIdle := max(1, int(c.RenewDeadline/time.Second))
+	keepCount := max(1, int((c.LeaseDuration-time.Duration(keepIdle)*time.Second)/time.Second))
+	sets := [][2]string{
+		{"application_name", c.Identity},
+		{"lock_timeout", ms(c.RenewInterval)},
+		{"statement_timeout", "0"},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
+		{"tcp_keepalives_interval", "1"},
+		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
+	}
+	major := serverMajor(conn)
+	if major >= 12 {
+		sets = append(sets, [2]string{"tcp_user_timeout", ms(c.LeaseDuration)})
+	}
+	if major >= 14 {
+		sets = append(sets, [2]string{"idle_session_timeout", ms(c.LeaseDuration)})
+	} else {
+		e.log.Warn("PostgreSQL before 14 has no idle_session_timeout: a paused or partitioned leader keeps the lock on the server until TCP keepalives end its session, and a paused process answers keepalives",
+			zap.Int("server_major", major))
+	}
+	var sb strings.Builder
+	sb.WriteString("SELECT pg_backend_pid()")
+	args := make([]any, 0, len(sets))
+	for i, kv := range sets {
+		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
+		args = append(args, kv[1])
+	}
+	var pid uint32
+	rows, err := conn.Query(ctx, sb.String(), append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if rows.Err() != nil {
+			return 0, rows.Err()
+		}
+		return 0, errors.New("no row from setup query")
+	}
+	vals, err := rows.Values()
+	if err != nil {
+		return 0, err
+	}
+	switch v := vals[0].(type) {
+	case int32:
+		pid = uint32(v)
+	case int64:
+		pid = uint32(v)
+	}
+	rows.Close()
+	return pid, rows.Err()
+}
+
+// serve alternates campaigns and tenures on one connection.
+func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	coolDown := false
+	for {
+		if err := e.waitCallback(ctx); err != nil {
+			return err
+		}
+		if coolDown {
+			// Give a waiting candidate the lock we just released.
+			t := time.NewTimer(e.cfg.RenewInterval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		won, sent, err := e.campaign(ctx, conn, pid)
+		if err != nil {
+			return err
+		}
+		if !won {
+			continue
+		}
+		reason, keepConn := e.lead(ctx, conn, pid, sent)
+		if !keepConn {
+			return reason
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		coolDown = true
+	}
+}
+
+// campaign runs one campaign round: it looks up the holder, then waits for
+// the lock for at most RenewInterval (lock_timeout). Both statements go in
+// one pipelined round trip.
+func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32) (won bool, sent time.Time, err error) {
+	b := &pgx.Batch{}
+	b.Queue(e.holderSQL)
+	b.Queue(e.acquireSQL, e.keyArgs...)
+	sent = time.Now()
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	var holder string
+	var holderPid int32
+	switch err := br.QueryRow().Scan(&holder, &holderPid); {
+	case errors.Is(err, pgx.ErrNoRows):
+		empty := ""
+		e.leaderID.Store(&empty) // nobody leads; no callback for that
+	case err != nil:
+		return false, sent, err
+	default:
+		if holder == "" {
+			holder = "pid " + strconv.Itoa(int(holderPid))
+		}
+		if uint32(holderPid) != pid {
+			e.setLeader(holder)
+		}
+	}
+	var gotPid int32
+	err = br.QueryRow().Scan(&gotPid)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateLockNotAvailable {
+		e.log.Debug("lock busy; campaigning again", zap.String("holder", holder))
+		return false, sent, br.Close()
+	}
+	if err != nil {
+		return false, sent, err
+	}
+	if uint32(gotPid) != pid {
+		return false, sent, fmt.Errorf("%w: backend pid changed from %d to %d between statements", leader.ErrTransactionPooling, pid, gotPid)
+	}
+	return true, sent, br.Close()
+}
+
+// check asks the server whether this session's backend holds the lock.
+func (e *Elector) check(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	var gotPid int32
+	var held bool
+	if err := conn.QueryRow(ctx, e.checkSQL).Scan(&gotPid, &held); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %v", leader.ErrRenewDeadline, err)
+		}
+		return fmt.Errorf("%w: %v", leader.ErrConnectionLost, err)
+	}
+	if uint32(gotPid) != pid {
+		return fmt.Errorf("%w: backend pid changed from %d to %d between statements", leader.ErrTransactionPooling, pid, gotPid)
+	}
+	if !held {
+		return leader.ErrLockLost
+	}
+	return nil
+}
+
+// lead runs one tenure, from the lock being granted to the demotion. It
+// reports the reason, and whether the connection is still fit for use.
+func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent time.Time) (reason error, keepConn bool) {
+	c := e.cfg
+	// Verify at once that the lock is held by our own backend: this also
+	// catches a transaction-pooling proxy, which would move the lock.
+	vsent := time.Now()
+	vctx, vcancel := context.WithDeadline(context.Background(), sent.Add(c.RenewDeadline))
+	err := e.check(vctx, conn, pid)
+	vcancel()
+	if errors.Is(err, leader.ErrLockLost) {
+		err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", leader.ErrTransactionPooling)
+	}
+	if err != nil {
+		return err, false
+	}
+	l := leader.Leadership{Key: c.Key, Identity: c.Identity, ElectedAt: time.Now(), BackendPID: pid}
+	leadCtx, cancel := context.WithCancelCause(ctx)
+	t := &tenure{l: l, cancel: cancel, demoted: make(chan struct{})}
+	cbDone := make(chan struct{})
+	e.mu.Lock()
+	e.tenure, e.cbDone = t, cbDone
+	e.mu.Unlock()
+	e.trustUntil.Store(int64(vsent.Sub(e.epoch) + c.RenewDeadline))
+	e.leading.Store(true)
+	log := e.log.With(zap.Uint32("backend_pid", pid))
+	log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(sent)))
+	e.setLeader(c.Identity)
+	go func() {
+		defer close(cbDone)
+		defer cancel(leader.ErrCallbackReturned)
+		c.Callbacks.OnElected(leadCtx, l)
+	}()
+
+	lastOK := vsent
+	for reason == nil {
+		// Between renews, read the idle socket: a terminated backend's
+		// FATAL message or EOF ends the wait at once.
+		wctx, wcancel := context.WithDeadline(leadCtx, lastOK.Add(c.RenewInterval))
+		_, werr := conn.WaitForNotification(wctx)
+		wcancel()
+		switch {
+		case leadCtx.Err() != nil:
+			reason = context.Cause(leadCtx)
+		case werr != nil && !errors.Is(werr, context.DeadlineExceeded):
+			reason = fmt.Errorf("%w: %v", leader.ErrConnectionLost, werr)
+		case werr != nil: // time to renew
+			rsent := time.Now()
+			rctx, rcancel := context.WithDeadline(context.Background(), lastOK.Add(c.RenewDeadline))
+			reason = e.check(rctx, conn, pid)
+			rcancel()
+			if reason == nil {
+				lastOK = rsent
+				e.trustUntil.Store(int64(rsent.Sub(e.epoch) + c.RenewDeadline))
+				log.Debug("renewed", zap.Duration("latency", time.Since(rsent)))
+			}
+		}
+	}
+
+	// Demotion: stop trusting, cancel OnElected, release, report.
+	e.leading.Store(false)
+	e.trustUntil.Store(0)
+	cancel(reason)
+	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
+	if !graceful {
+		closeConn(conn) // the lock is gone or in doubt: end the session now
+	}
+	log.Info("stepping down", zap.NamedError("reason", reason))
+	if !e.waitCallbackFor(cbDone, c.ReleaseTimeout) {
+		log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
+			zap.Duration("release_timeout", c.ReleaseTimeout))
+	}
+	if graceful {
+		if keepConn = e.unlock(conn) == nil; !keepConn {
+			closeConn(conn)
+		}
+	}
+	e.setLeaderIfSelf()
+	log.Info("demoted", zap.NamedError("reason", reason))
+	if c.Callbacks.OnDemoted != nil {
+		c.Callbacks.OnDemoted(l, reason)
+	}
+	e.mu.Lock()
+	e.tenure = nil
+	e.mu.Unlock()
+	close(t.demoted)
+	return reason, keepConn
+}
+
+func (e *Elector) setLeaderIfSelf() {
+	if e.Leader() == e.cfg.Identity {
+		empty := ""
+		e.leaderID.Store(&empty)
+	}
+}
+
+// unlock releases the lock once. It fails when the lock was not held, which
+// would mean the session state is not what the elector believes.
+func (e *Elector) unlock(conn *pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	var ok bool
+	if err := conn.QueryRow(ctx, e.unlockSQL, e.keyArgs...).Scan(&ok); err != nil {
+		e.log.Warn("unlock failed; closing the connection to release the lock", zap.Error(err))
+		return err
+	}
+	if !ok {
+		e.log.Warn("unlock found the lock not held; closing the connection")
+		return leader.ErrLockLost
+	}
+	return nil
+}
+
+// waitCallbackFor waits up to d for done; it reports whether done closed.
+func (e *Elector) waitCallbackFor(done chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// waitCallback waits for the last OnElected to return, logging an error
+// every ReleaseTimeout. With a nil ctx it waits for good; otherwise it
+// returns ctx's error when ctx ends first.
+func (e *Elector) waitCallback(ctx context.Context) error {
+	e.mu.Lock()
+	done := e.cbDone
+	e.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	var ctxDone <-chan struct{}
+	if ctx != nil {
+		ctxDone = ctx.Done()
+	}
+	for {
+		t := time.NewTimer(max(e.cfg.ReleaseTimeout, time.Second))
+		select {
+		case <-done:
+			t.Stop()
+			return nil
+		case <-ctxDone:
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+			e.log.Error("still waiting for a previous OnElected to return; it ignores its context")
+		}
+	}
+}

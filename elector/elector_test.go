@@ -1,0 +1,469 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+func TestConfigValidation(t *testing.T) {
+	ok := elector.Config{
+		Connect:   elector.DSN("postgres://u@127.0.0.1:1/db"),
+		Key:       leader.KeyFromName("x"),
+		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+	}
+	tests := []struct {
+		name  string
+		edit  func(*elector.Config)
+		field string
+		rule  string
+	}{
+		{"no connect", func(c *elector.Config) { c.Connect = nil }, "Connect", "required"},
+		{"bad dsn", func(c *elector.Config) { c.Connect = elector.DSN("postgres://u@h:notaport/db") }, "Connect", "invalid DSN"},
+		{"zero key", func(c *elector.Config) { c.Key = leader.Key{} }, "Key", "valid key"},
+		{"empty name", func(c *elector.Config) { c.Key = leader.KeyFromName("") }, "Key", "valid key"},
+		{"no OnElected", func(c *elector.Config) { c.Callbacks.OnElected = nil }, "Callbacks.OnElected", "required"},
+		{"negative interval", func(c *elector.Config) { c.RenewInterval = -time.Second }, "RenewInterval", "at least 1ms"},
+		{"deadline <= interval", func(c *elector.Config) { c.RenewInterval, c.RenewDeadline = 2*time.Second, 2*time.Second }, "RenewDeadline", "greater than RenewInterval"},
+		{"lease <= deadline", func(c *elector.Config) { c.LeaseDuration = 2 * time.Second }, "LeaseDuration", "greater than RenewDeadline"},
+		{"negative release", func(c *elector.Config) { c.ReleaseTimeout = -1 }, "ReleaseTimeout", "negative"},
+		{"long identity", func(c *elector.Config) { c.Identity = strings.Repeat("a", 64) }, "Identity", "at most 63"},
+		{"non-ascii identity", func(c *elector.Config) { c.Identity = "führer" }, "Identity", "printable ASCII"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := ok
+			tt.edit(&c)
+			_, err := elector.New(c)
+			var ce *elector.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, elector.ErrInvalidConfig) {
+				t.Fatalf("want a ConfigError, got %v", err)
+			}
+			if ce.Field != tt.field || !strings.Contains(ce.Rule, tt.rule) {
+				t.Fatalf("want field %q and rule containing %q, got %q: %q", tt.field, tt.rule, ce.Field, ce.Rule)
+			}
+		})
+	}
+	if _, err := elector.New(ok); err != nil {
+		t.Fatalf("valid config rejected: %v", err)
+	}
+}
+
+func TestDefaultIdentity(t *testing.T) {
+	e, err := elector.New(elector.Config{
+		Connect:   elector.DSN("postgres://u@127.0.0.1:1/db"),
+		Key:       leader.Int64Key(1),
+		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := e.Identity(); id == "" || !strings.Contains(id, "-") {
+		t.Fatalf("default identity %q, want hostname-pid", id)
+	}
+}
+
+// A password never shows in New's error, nor in the logs of a Run that
+// cannot reach its server.
+func TestPasswordsStayHidden(t *testing.T) {
+	const secret = "s3cr3t-Pa55"
+	for _, dsn := range []string{
+		"postgres://alice:" + secret + "@127.0.0.1:notaport/db",
+		"host=127.0.0.1 port=bogus user=alice password=" + secret,
+		"host=127.0.0.1 port=bogus user=alice password='" + secret + "'",
+	} {
+		_, err := elector.New(elector.Config{
+			Connect: elector.DSN(dsn), Key: leader.Int64Key(1),
+			Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+		})
+		if err == nil || strings.Contains(err.Error(), secret) {
+			t.Fatalf("New(%q): want an error without the password, got %v", "<dsn>", err)
+		}
+	}
+
+	core, logs := observer.New(zap.DebugLevel)
+	e, err := elector.New(elector.Config{
+		Connect: elector.DSN("postgres://alice:" + secret + "@127.0.0.1:1/db?connect_timeout=1"),
+		Key:     leader.Int64Key(1), Logger: zap.New(core),
+		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	deadline := time.Now().Add(waitLong)
+	for logs.FilterMessage("reconnecting").Len() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnect logs for an unreachable server")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, entry := range logs.All() {
+		line := entry.Message
+		for k, v := range entry.ContextMap() {
+			line += " " + k + "=" + strings.TrimSpace(strings.ReplaceAll(toString(v), "\n", " "))
+		}
+		if strings.Contains(line, secret) {
+			t.Fatalf("password in log line: %s", line)
+		}
+		if entry.Message == "reconnecting" && !strings.Contains(line, "connect") {
+			t.Fatalf("reconnect log without the cause: %s", line)
+		}
+	}
+}
+
+func toString(v any) string {
+	if err, ok := v.(error); ok {
+		return err.Error()
+	}
+	return fmt.Sprint(v)
+}
+
+func TestRunTwice(t *testing.T) {
+	e, err := elector.New(elector.Config{
+		Connect: elector.DSN("postgres://u@127.0.0.1:1/db?connect_timeout=1"), Key: leader.Int64Key(1),
+		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	time.Sleep(10 * time.Millisecond) // let the first Run claim the elector
+	if err := e.Run(context.Background()); !errors.Is(err, elector.ErrAlreadyRunning) {
+		t.Fatalf("second Run: want ErrAlreadyRunning, got %v", err)
+	}
+	cancel()
+	<-done
+	if err := e.Run(context.Background()); !errors.Is(err, elector.ErrAlreadyRunning) {
+		t.Fatalf("Run after Run returned: want ErrAlreadyRunning, got %v", err)
+	}
+}
+
+// Three electors give exactly one leader, visible by its application_name in
+// pg_locks; after Resign another one leads, and Leader() tracks it.
+func TestOneLeaderThenResign(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	els := map[string]*running{}
+	for _, id := range []string{"e1", "e2", "e3"} {
+		els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id})
+	}
+	first := r.next("elected", "")
+	if !els[first.id].e.IsLeader() {
+		t.Fatalf("%s: OnElected ran but IsLeader is false", first.id)
+	}
+	ctx := context.Background()
+	admin := mustConn(t, srv)
+	deadline := time.Now().Add(waitLong)
+	for {
+		// Followers queue on the lock between their campaign rounds.
+		holder, err := leader.Holder(ctx, admin, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if holder.Identity() != first.id {
+			t.Fatalf("pg_locks: holder %q, want %q", holder.Identity(), first.id)
+		}
+		if len(holder.Waiters) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pg_locks: %d waiters, want 2", len(holder.Waiters))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for id, rn := range els {
+		if id != first.id && rn.e.IsLeader() {
+			t.Fatalf("%s also believes it leads", id)
+		}
+	}
+	// Followers learn the leader during their campaign rounds.
+	for _, id := range []string{"e1", "e2", "e3"} {
+		for els[id].e.Leader() != first.id {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: Leader() = %q, want %q", id, els[id].e.Leader(), first.id)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	if err := els[first.id].e.Resign(ctx); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	d := r.next("demoted", first.id)
+	if !errors.Is(d.reason, leader.ErrResigned) {
+		t.Fatalf("demotion reason %v, want ErrResigned", d.reason)
+	}
+	second := r.next("elected", "")
+	if second.id == first.id {
+		t.Fatalf("the resigned leader was elected again while others waited")
+	}
+	if err := els[first.id].e.Resign(ctx); !errors.Is(err, leader.ErrNotLeader) {
+		t.Fatalf("Resign by a follower: want ErrNotLeader, got %v", err)
+	}
+}
+
+// Terminating the leader's backend demotes it with ErrConnectionLost, and
+// another elector leads.
+func TestBackendTerminated(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "bt1"})
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "bt2"})
+	first := r.next("elected", "")
+	if n, err := srv.TerminateBackend(context.Background(), first.id); err != nil || n != 1 {
+		t.Fatalf("terminate: n=%d err=%v", n, err)
+	}
+	d := r.next("demoted", first.id)
+	if !errors.Is(d.reason, leader.ErrConnectionLost) {
+		t.Fatalf("reason %v, want ErrConnectionLost", d.reason)
+	}
+	next := r.next("elected", "")
+	t.Logf("%s elected %s after %s's backend was terminated", next.id, next.at.Sub(d.at), first.id)
+}
+
+// After a fast or an immediate restart there is a leader again, with no help.
+func TestServerRestart(t *testing.T) {
+	for _, mode := range []string{testpg.Fast, testpg.Immediate} {
+		t.Run(mode, func(t *testing.T) {
+			srv := testpg.Start(t)
+			r := newRecorder(t)
+			key := testKey(t)
+			start(t, r, opts{dsn: srv.DSN(), key: key, id: "r1"})
+			start(t, r, opts{dsn: srv.DSN(), key: key, id: "r2"})
+			first := r.next("elected", "")
+			if err := srv.Restart(mode); err != nil {
+				t.Fatal(err)
+			}
+			up := time.Now()
+			d := r.next("demoted", first.id)
+			if !errors.Is(d.reason, leader.ErrConnectionLost) {
+				t.Fatalf("reason %v, want ErrConnectionLost", d.reason)
+			}
+			again := r.next("elected", "")
+			t.Logf("%s restart: %s leads again %s after the server accepted connections", mode, again.id, again.at.Sub(up))
+		})
+	}
+}
+
+// Black-holing the leader's connection demotes it within RenewDeadline, and
+// no other elector is elected before it has demoted: the server-side lease
+// (LeaseDuration > RenewDeadline) frees the lock only afterwards.
+func TestBlackholeDemotesBeforeTakeover(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	stepDown := make(chan time.Time, 1)
+	a := start(t, r, opts{dsn: proxy.DSN(), key: key, id: "bh-leader", onLead: func(ctx context.Context, l leader.Leadership) {
+		<-ctx.Done()
+		stepDown <- time.Now()
+	}})
+	r.next("elected", "bh-leader")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "bh-follower"})
+	proxy.Blackhole()
+	cut := time.Now()
+	stepped := <-stepDown
+	if a.e.IsLeader() {
+		t.Fatal("IsLeader still true after the OnElected context was cancelled")
+	}
+	d := r.next("demoted", "bh-leader")
+	if !errors.Is(d.reason, leader.ErrRenewDeadline) && !errors.Is(d.reason, leader.ErrConnectionLost) {
+		t.Fatalf("reason %v, want ErrRenewDeadline", d.reason)
+	}
+	if s := stepped.Sub(cut); s > tDeadline+time.Second {
+		t.Errorf("stepped down %s after the partition, want within RenewDeadline (%s) plus slack", s, tDeadline)
+	}
+	next := r.next("elected", "bh-follower")
+	if !next.at.After(stepped) {
+		t.Fatalf("new leader elected at %s, before the old one stepped down at %s", next.at, stepped)
+	}
+	t.Logf("old leader stepped down %s after the partition; new leader %s later (margin)", stepped.Sub(cut), next.at.Sub(stepped))
+	proxy.Heal()
+}
+
+// The server-side lease: a leader that is stopped (SIGSTOP) cannot step
+// down or renew, and the server frees its lock after LeaseDuration. On
+// SIGCONT it notices and reports the demotion.
+func TestServerSideLeaseFreesLock(t *testing.T) {
+	srv := sharedServer(t)
+	if srv.VersionNum() < 140000 {
+		t.Skip("idle_session_timeout needs PostgreSQL 14")
+	}
+	r := newRecorder(t)
+	key := testKey(t)
+	child := startChild(t, srv.DSN(), key.Name(), "paused")
+	if _, err := child.WaitTimeout("elected", waitLong); err != nil {
+		t.Fatal(err)
+	}
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "lease-follower"})
+	child.Signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	e := r.next("elected", "lease-follower")
+	if took := e.at.Sub(stopped); took < tLease-tInterval-tDeadline {
+		t.Fatalf("lock freed %s after SIGSTOP, sooner than the lease allows", took)
+	} else {
+		t.Logf("lock freed and taken %s after SIGSTOP (lease %s)", took, tLease)
+	}
+	child.Signal(syscall.SIGCONT)
+	d, err := child.WaitTimeout("demoted", waitLong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Err != leader.ErrConnectionLost.Error() && d.Err != leader.ErrRenewDeadline.Error() {
+		t.Fatalf("resumed leader demoted with %q", d.Err)
+	}
+}
+
+// A killed leader process (SIGKILL) is replaced quickly: the kernel closes
+// its socket and the server frees the lock.
+func TestKilledLeaderProcess(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	child := startChild(t, srv.DSN(), key.Name(), "killed")
+	if _, err := child.WaitTimeout("elected", waitLong); err != nil {
+		t.Fatal(err)
+	}
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "kill-follower"})
+	time.Sleep(2 * tInterval) // let the follower queue on the lock (not needed for correctness)
+	child.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	e := r.next("elected", "kill-follower")
+	t.Logf("follower elected %s after SIGKILL of the leader", e.at.Sub(killed))
+}
+
+// An OnElected that ignores its context delays the unlock on Resign until
+// ReleaseTimeout; the lock is then released and another elector leads.
+func TestReleaseTimeoutBoundsResign(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	const release = 700 * time.Millisecond
+	unblock := make(chan struct{})
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "stubborn", release: release,
+		onLead: func(ctx context.Context, l leader.Leadership) { <-unblock }})
+	r.next("elected", "stubborn")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "patient"})
+	began := time.Now()
+	if err := a.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e := r.next("elected", "patient")
+	if took := e.at.Sub(began); took < release {
+		t.Fatalf("new leader %s after Resign, before ReleaseTimeout %s", took, release)
+	}
+	close(unblock)
+}
+
+// A callback that honours its context holds the lock until it returns.
+func TestResignWaitsForCallback(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	returned := make(chan time.Time, 1)
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "careful", onLead: func(ctx context.Context, l leader.Leadership) {
+		<-ctx.Done()
+		if !errors.Is(context.Cause(ctx), leader.ErrResigned) {
+			t.Errorf("cause %v, want ErrResigned", context.Cause(ctx))
+		}
+		time.Sleep(200 * time.Millisecond) // flushing work
+		returned <- time.Now()
+	}})
+	r.next("elected", "careful")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
+	if err := a.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e := r.next("elected", "next")
+	if ret := <-returned; !e.at.After(ret) {
+		t.Fatalf("new leader at %s before the old callback returned at %s", e.at, ret)
+	}
+}
+
+// When OnElected returns on its own, the elector resigns and a waiting
+// candidate takes over.
+func TestCallbackReturnResigns(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "quitter", onLead: func(ctx context.Context, l leader.Leadership) {}})
+	r.next("elected", "quitter")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "stayer"})
+	d := r.next("demoted", "quitter")
+	if !errors.Is(d.reason, leader.ErrCallbackReturned) {
+		t.Fatalf("reason %v, want ErrCallbackReturned", d.reason)
+	}
+	r.next("elected", "")
+}
+
+// Stopping Run while leading releases the lock at once, closes the
+// connection and reports the context error.
+func TestStopReleasesAndCloses(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "stopper"})
+	r.next("elected", "stopper")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "heir"})
+	a.stop()
+	d := r.next("demoted", "stopper")
+	if !errors.Is(d.reason, context.Canceled) {
+		t.Fatalf("reason %v, want context.Canceled", d.reason)
+	}
+	r.next("elected", "heir")
+	n, err := srv.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'stopper'")
+	if err != nil || n != 0 {
+		t.Fatalf("stopped elector still has %d sessions (err %v)", n, err)
+	}
+}
+
+// Each elector owns one dedicated session, named by its identity.
+func TestDedicatedSessionPerElector(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	for _, id := range []string{"ded1", "ded2"} {
+		start(t, r, opts{dsn: srv.DSN(), key: key, id: id})
+	}
+	r.next("elected", "")
+	deadline := time.Now().Add(waitLong)
+	for {
+		n, err := srv.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name IN ('ded1','ded2')")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions for 2 electors", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

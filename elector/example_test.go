@@ -1,0 +1,71 @@
+package elector_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// exampleDSN stands for your DATABASE_URL; here it is the tests' throwaway
+// server.
+func exampleDSN() string {
+	sharedOnce.Do(func() { shared, sharedErr = newSharedForExample() })
+	if sharedErr != nil {
+		panic(sharedErr)
+	}
+	return shared.DSN()
+}
+
+// An elector runs a callback while it holds the lock, and hands over on
+// Resign.
+func Example() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	elected := make(chan struct{})
+	e, err := elector.New(elector.Config{
+		Connect:  elector.DSN(exampleDSN()),
+		Key:      leader.KeyFromName("example-job"),
+		Identity: "worker-1",
+		Callbacks: elector.Callbacks{
+			OnElected: func(ctx context.Context, l leader.Leadership) {
+				fmt.Println("elected:", l.Identity)
+				close(elected)
+				<-ctx.Done() // lead until leadership is in doubt
+			},
+			OnDemoted: func(l leader.Leadership, reason error) {
+				fmt.Println("demoted:", reason)
+			},
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	<-elected
+	fmt.Println("leader:", e.Leader(), e.IsLeader())
+	e.Resign(ctx)
+	cancel()
+	<-done
+	// Output:
+	// elected: worker-1
+	// leader: worker-1 true
+	// demoted: pgleader: resigned
+}
+
+// New names the field and the rule when a config is wrong.
+func ExampleNew_invalidConfig() {
+	_, err := elector.New(elector.Config{
+		Connect:       elector.DSN("postgres://app:secret@db.internal/app"),
+		Key:           leader.KeyFromName("reports"),
+		Callbacks:     elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+		RenewInterval: 2 * time.Second,
+		RenewDeadline: time.Second,
+	})
+	fmt.Println(err)
+	// Output: elector: invalid config: RenewDeadline: must be greater than RenewInterval (2s), got 1s
+}

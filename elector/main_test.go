@@ -1,0 +1,306 @@
+package elector_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+var (
+	sharedOnce sync.Once
+	shared     *testpg.Server
+	sharedErr  error
+)
+
+// sharedServer returns the package's throwaway server, for tests that do
+// not restart it. Each test uses its own key.
+func sharedServer(t testing.TB) *testpg.Server {
+	t.Helper()
+	sharedOnce.Do(func() { shared, sharedErr = testpg.New(testpg.Options{}) })
+	if sharedErr != nil {
+		t.Fatalf("%v", sharedErr)
+	}
+	return shared
+}
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(testpg.ChildEnv); role != "" {
+		os.Exit(childMain(role))
+	}
+	code := m.Run()
+	if shared != nil {
+		shared.Close()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Test timings: short enough to keep the suite quick, with generous margins
+// for a loaded 2-core machine.
+const (
+	tInterval = 100 * time.Millisecond
+	tDeadline = 500 * time.Millisecond
+	tLease    = 1500 * time.Millisecond
+	tRelease  = 2 * time.Second
+	waitLong  = 30 * time.Second
+)
+
+type event struct {
+	kind   string // elected, demoted, newleader
+	id     string // the elector's identity
+	leader string // for newleader
+	reason error
+	at     time.Time
+}
+
+// recorder collects the callbacks of several electors and checks that
+// OnElected and OnDemoted come in pairs.
+type recorder struct {
+	t      testing.TB
+	ch     chan event
+	mu     sync.Mutex
+	events []event
+}
+
+func newRecorder(t testing.TB) *recorder {
+	r := &recorder{t: t, ch: make(chan event, 4096)}
+	t.Cleanup(r.checkPairs)
+	return r
+}
+
+func (r *recorder) add(e event) {
+	e.at = time.Now()
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+	r.ch <- e
+}
+
+// checkPairs asserts that per elector the callbacks alternate elected,
+// demoted, elected, ... and that each tenure ended.
+func (r *recorder) checkPairs() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	open := map[string]bool{}
+	for _, e := range r.events {
+		switch e.kind {
+		case "elected":
+			if open[e.id] {
+				r.t.Errorf("%s: OnElected twice without OnDemoted", e.id)
+			}
+			open[e.id] = true
+		case "demoted":
+			if !open[e.id] {
+				r.t.Errorf("%s: OnDemoted without OnElected", e.id)
+			}
+			open[e.id] = false
+		}
+	}
+	for id, o := range open {
+		if o {
+			r.t.Errorf("%s: OnElected never followed by OnDemoted", id)
+		}
+	}
+}
+
+// next waits for the next event of kind (any elector when id is "").
+func (r *recorder) next(kind, id string) event {
+	r.t.Helper()
+	timeout := time.After(waitLong)
+	for {
+		select {
+		case e := <-r.ch:
+			if e.kind == kind && (id == "" || e.id == id) {
+				return e
+			}
+		case <-timeout:
+			r.t.Fatalf("no %s event for %q within %s", kind, id, waitLong)
+		}
+	}
+}
+
+type opts struct {
+	dsn      string
+	key      leader.Key
+	id       string
+	onLead   func(ctx context.Context, l leader.Leadership) // default: wait for ctx
+	release  time.Duration
+	logger   *zap.Logger
+	lease    time.Duration
+	deadline time.Duration
+}
+
+type running struct {
+	e    *elector.Elector
+	stop func()
+	err  chan error
+}
+
+// start runs an elector until the test ends (or stop is called).
+func start(t testing.TB, r *recorder, o opts) *running {
+	t.Helper()
+	onLead := o.onLead
+	if onLead == nil {
+		onLead = func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }
+	}
+	cfg := elector.Config{
+		Connect:  elector.DSN(o.dsn),
+		Key:      o.key,
+		Identity: o.id,
+		Logger:   o.logger,
+		Callbacks: elector.Callbacks{
+			OnElected: func(ctx context.Context, l leader.Leadership) {
+				r.add(event{kind: "elected", id: l.Identity})
+				onLead(ctx, l)
+			},
+			OnDemoted: func(l leader.Leadership, reason error) {
+				r.add(event{kind: "demoted", id: l.Identity, reason: reason})
+			},
+			OnNewLeader: func(id string) { r.add(event{kind: "newleader", id: o.id, leader: id}) },
+		},
+		RenewInterval:  tInterval,
+		RenewDeadline:  tDeadline,
+		LeaseDuration:  tLease,
+		ReleaseTimeout: tRelease,
+	}
+	if o.release != 0 {
+		cfg.ReleaseTimeout = o.release
+	}
+	if o.lease != 0 {
+		cfg.LeaseDuration = o.lease
+	}
+	if o.deadline != 0 {
+		cfg.RenewDeadline = o.deadline
+	}
+	e, err := elector.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rn := &running{e: e, err: make(chan error, 1)}
+	go func() { rn.err <- e.Run(ctx) }()
+	var once sync.Once
+	rn.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-rn.err:
+				if err != nil {
+					t.Errorf("%s: Run: %v", o.id, err)
+				}
+			case <-time.After(waitLong):
+				t.Errorf("%s: Run did not return within %s of cancel", o.id, waitLong)
+			}
+		})
+	}
+	t.Cleanup(rn.stop)
+	return rn
+}
+
+func testKey(t testing.TB) leader.Key { return leader.KeyFromName(t.Name()) }
+
+// childMain is the body of a child process. Role "elector" runs one elector
+// from the environment and reports its callbacks as events on stdout; it
+// reads commands ("resign", "exit") on stdin.
+func childMain(role string) int {
+	em := testpg.NewEmitter(os.Stdout)
+	switch role {
+	case "elector":
+	default:
+		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
+		return 2
+	}
+	dur := func(name string, def time.Duration) time.Duration {
+		if v := os.Getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err == nil {
+				return d
+			}
+		}
+		return def
+	}
+	id := os.Getenv("CHILD_ID")
+	e, err := elector.New(elector.Config{
+		Connect:  elector.DSN(os.Getenv("CHILD_DSN")),
+		Key:      leader.KeyFromName(os.Getenv("CHILD_KEY")),
+		Identity: id,
+		Callbacks: elector.Callbacks{
+			OnElected: func(ctx context.Context, l leader.Leadership) {
+				em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: l.Term})
+				<-ctx.Done()
+				em.Emit(testpg.Event{Ev: "ctxdone", Identity: id, Term: l.Term})
+			},
+			OnDemoted: func(l leader.Leadership, reason error) {
+				em.Emit(testpg.Event{Ev: "demoted", Identity: id, Term: l.Term, Err: reasonName(reason)})
+			},
+		},
+		RenewInterval:  dur("CHILD_INTERVAL", tInterval),
+		RenewDeadline:  dur("CHILD_DEADLINE", tDeadline),
+		LeaseDuration:  dur("CHILD_LEASE", tLease),
+		ReleaseTimeout: tRelease,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	em.Emit(testpg.Event{Ev: "started", Identity: id, Data: strconv.Itoa(os.Getpid())})
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			switch sc.Text() {
+			case "resign":
+				e.Resign(ctx)
+			case "exit":
+				cancel()
+				return
+			}
+		}
+		cancel() // stdin closed: the parent is gone
+	}()
+	err = <-done
+	em.Emit(testpg.Event{Ev: "exited", Identity: id, Err: fmt.Sprint(err)})
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func reasonName(err error) string {
+	for _, r := range []error{leader.ErrConnectionLost, leader.ErrLockLost, leader.ErrRenewDeadline,
+		leader.ErrResigned, leader.ErrCallbackReturned, leader.ErrTransactionPooling, context.Canceled} {
+		if errors.Is(err, r) {
+			return r.Error()
+		}
+	}
+	return fmt.Sprint(err)
+}
+
+func startChild(t testing.TB, dsn, key, id string, env ...string) *testpg.Child {
+	t.Helper()
+	c := testpg.StartChild(t, "elector", append([]string{"CHILD_DSN=" + dsn, "CHILD_KEY=" + key, "CHILD_ID=" + id}, env...)...)
+	if _, err := c.WaitTimeout("started", waitLong); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

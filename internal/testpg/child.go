@@ -1,0 +1,177 @@
+package testpg
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ChildEnv is set in the environment of a child started by StartChild. Its
+// value names the role the child plays; a TestMain dispatches on it.
+const ChildEnv = "PGLEADER_TEST_CHILD"
+
+// Mono returns CLOCK_MONOTONIC in nanoseconds. Every process on the machine
+// shares this clock, so events of a child and its parent can be ordered.
+func Mono() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return ts.Nano()
+}
+
+// Event is one line a child writes on its stdout, as JSON.
+type Event struct {
+	Ev       string `json:"ev"`
+	Mono     int64  `json:"mono"`
+	Identity string `json:"id,omitempty"`
+	Term     int64  `json:"term,omitempty"`
+	Err      string `json:"err,omitempty"`
+	Data     string `json:"data,omitempty"`
+}
+
+// Emitter writes Events from inside a child. It is safe for concurrent use.
+type Emitter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+// NewEmitter returns an Emitter writing to w (a child's os.Stdout).
+func NewEmitter(w io.Writer) *Emitter { return &Emitter{w: w} }
+
+// Emit stamps e with Mono() when unset and writes it as one JSON line.
+func (m *Emitter) Emit(e Event) {
+	if e.Mono == 0 {
+		e.Mono = Mono()
+	}
+	b, _ := json.Marshal(e)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.w.Write(append(b, '\n'))
+}
+
+// Child is a helper process: the test binary itself, run again with
+// ChildEnv set. It reports Events on stdout and reads commands, one a line,
+// on stdin.
+type Child struct {
+	t      testing.TB
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	events chan Event
+	done   chan struct{}
+	mu     sync.Mutex
+	log    []Event
+}
+
+// StartChild starts the test binary again as a child playing role, with
+// extra environment variables env ("K=V"). The child is killed at cleanup.
+func StartChild(t testing.TB, role string, env ...string) *Child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), ChildEnv+"="+role), env...)
+	cmd.Stderr = &testWriter{t: t, prefix: role + ": "}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start child %s: %v", role, err)
+	}
+	c := &Child{t: t, cmd: cmd, stdin: stdin, events: make(chan Event, 1024), done: make(chan struct{})}
+	go func() {
+		defer close(c.events)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e Event
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				continue // not an event: test framework output
+			}
+			c.mu.Lock()
+			c.log = append(c.log, e)
+			c.mu.Unlock()
+			c.events <- e
+		}
+	}()
+	go func() { cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() {
+		c.Signal(syscall.SIGCONT)
+		c.Signal(syscall.SIGKILL)
+		<-c.done
+	})
+	return c
+}
+
+// Pid returns the child's process id.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
+
+// Signal sends sig to the child.
+func (c *Child) Signal(sig syscall.Signal) { c.cmd.Process.Signal(sig) }
+
+// Send writes one command line to the child's stdin.
+func (c *Child) Send(line string) error {
+	_, err := fmt.Fprintln(c.stdin, line)
+	return err
+}
+
+// Done is closed when the child has exited.
+func (c *Child) Done() <-chan struct{} { return c.done }
+
+// Wait waits for the next event named ev, skipping others, until ctx ends.
+func (c *Child) Wait(ctx context.Context, ev string) (Event, error) {
+	for {
+		select {
+		case e, ok := <-c.events:
+			if !ok {
+				return Event{}, fmt.Errorf("child exited before event %q", ev)
+			}
+			if e.Ev == ev {
+				return e, nil
+			}
+		case <-ctx.Done():
+			return Event{}, fmt.Errorf("waiting for child event %q: %w", ev, ctx.Err())
+		}
+	}
+}
+
+// Log returns every event the child has reported so far.
+func (c *Child) Log() []Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Event(nil), c.log...)
+}
+
+// WaitTimeout is Wait with a timeout.
+func (c *Child) WaitTimeout(ev string, d time.Duration) (Event, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return c.Wait(ctx, ev)
+}
+
+type testWriter struct {
+	t      testing.TB
+	prefix string
+	mu     sync.Mutex
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Logf("%s%s", w.prefix, p)
+	return len(p), nil
+}

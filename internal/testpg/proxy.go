@@ -1,0 +1,178 @@
+package testpg
+
+import (
+	"net"
+	"sync"
+)
+
+// Proxy is a loopback TCP proxy in front of a server. It injects network
+// faults into the connections that go through it: Cut closes them at once,
+// and Blackhole stops forwarding in both directions while every socket stays
+// open, which is what a network partition looks like to both ends.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu        sync.Mutex
+	pairs     map[*pair]struct{}
+	blackhole bool
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+type pair struct {
+	client, server net.Conn
+	mu             sync.Mutex
+	holed          bool
+	once           sync.Once
+}
+
+func (p *pair) isHoled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed
+}
+
+func (p *pair) close() {
+	p.once.Do(func() {
+		p.client.Close()
+		p.server.Close()
+	})
+}
+
+// NewProxy starts a proxy on a free loopback port that forwards to target
+// (host:port).
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, pairs: map[*pair]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr returns the proxy's "127.0.0.1:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// DSN returns a superuser connection string that goes through the proxy.
+func (p *Proxy) DSN() string { return DSNFor(p.Addr()) }
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		pr := &pair{client: c, server: s}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			pr.close()
+			return
+		}
+		pr.holed = p.blackhole
+		p.pairs[pr] = struct{}{}
+		p.wg.Add(2)
+		p.mu.Unlock()
+		go p.pipe(pr, c, s)
+		go p.pipe(pr, s, c)
+	}
+}
+
+// pipe copies src to dst until an error. While the pair is black-holed it
+// reads and drops, and an error on one side is not passed on to the other:
+// the far end must not learn anything.
+func (p *Proxy) pipe(pr *pair, src, dst net.Conn) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !pr.isHoled() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				err = werr
+			}
+		}
+		if err != nil {
+			if !pr.isHoled() {
+				pr.close()
+				p.forget(pr)
+			}
+			return
+		}
+	}
+}
+
+func (p *Proxy) forget(pr *pair) {
+	p.mu.Lock()
+	delete(p.pairs, pr)
+	p.mu.Unlock()
+}
+
+// Cut closes every connection through the proxy at once. New connections
+// are still accepted.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	prs := make([]*pair, 0, len(p.pairs))
+	for pr := range p.pairs {
+		prs = append(prs, pr)
+	}
+	p.pairs = map[*pair]struct{}{}
+	p.mu.Unlock()
+	for _, pr := range prs {
+		pr.close()
+	}
+}
+
+// Blackhole stops forwarding on every connection, current and new, in both
+// directions, and keeps the sockets open. Heal ends it.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackhole = true
+	for pr := range p.pairs {
+		pr.mu.Lock()
+		pr.holed = true
+		pr.mu.Unlock()
+	}
+}
+
+// Heal ends a black-hole: the black-holed connections are closed (their
+// streams lost bytes and cannot resume) and new connections are forwarded.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.blackhole = false
+	var holed []*pair
+	for pr := range p.pairs {
+		if pr.isHoled() {
+			holed = append(holed, pr)
+			delete(p.pairs, pr)
+		}
+	}
+	p.mu.Unlock()
+	for _, pr := range holed {
+		pr.close()
+	}
+}
+
+// Close stops the proxy, closes every connection and waits for its
+// goroutines.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	prs := p.pairs
+	p.pairs = map[*pair]struct{}{}
+	p.mu.Unlock()
+	p.ln.Close()
+	for pr := range prs {
+		pr.close()
+	}
+	p.wg.Wait()
+}
