@@ -467,3 +467,40 @@ func TestDedicatedSessionPerElector(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A primary switch behind a multi-host DSN with
+// target_session_attrs=read-write ends with a leader again, on the promoted
+// standby.
+func TestPrimarySwitch(t *testing.T) {
+	primary := testpg.Start(t)
+	standby, err := primary.NewStandby()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(standby.Close)
+	dsn := fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=postgres sslmode=disable connect_timeout=5 target_session_attrs=read-write",
+		primary.Port(), standby.Port())
+	r := newRecorder(t)
+	key := testKey(t)
+	start(t, r, opts{dsn: dsn, key: key, id: "sw1"})
+	start(t, r, opts{dsn: dsn, key: key, id: "sw2"})
+	first := r.next("elected", "")
+	if err := primary.Stop(testpg.Immediate); err != nil {
+		t.Fatal(err)
+	}
+	r.next("demoted", first.id)
+	promoted := time.Now()
+	if err := standby.Promote(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again := r.next("elected", "")
+	var inRecovery bool
+	if err := mustConn(t, standby).QueryRow(context.Background(), "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil || inRecovery {
+		t.Fatalf("standby still in recovery: %v %v", inRecovery, err)
+	}
+	h, err := leader.Holder(context.Background(), mustConn(t, standby), key)
+	if err != nil || h.Identity() != again.id {
+		t.Fatalf("holder on the new primary: %+v, %v", h, err)
+	}
+	t.Logf("%s leads on the promoted standby %s after pg_promote was called", again.id, again.at.Sub(promoted))
+}

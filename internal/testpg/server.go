@@ -105,24 +105,76 @@ func New(opts Options) (*Server, error) {
 		gid, _ := strconv.Atoi(u.Gid)
 		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	if s.dir, err = os.MkdirTemp("", "pgleader-pg-"); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoServer, err)
+	if err := s.makeDir(); err != nil {
+		return nil, err
 	}
 	if err := s.init(); err != nil {
 		os.RemoveAll(s.dir)
 		return nil, err
 	}
+	return s, s.startOnFreePort()
+}
+
+func (s *Server) makeDir() (err error) {
+	if s.dir, err = os.MkdirTemp("", "pgleader-pg-"); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoServer, err)
+	}
+	if s.cred != nil {
+		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			os.RemoveAll(s.dir)
+			return fmt.Errorf("%w: chown %s: %v", ErrNoServer, s.dir, err)
+		}
+	}
+	return nil
+}
+
+func (s *Server) startOnFreePort() error {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		if s.port, lastErr = freePort(); lastErr != nil {
 			continue
 		}
 		if lastErr = s.start(); lastErr == nil {
-			return s, nil
+			return nil
 		}
 	}
 	os.RemoveAll(s.dir)
-	return nil, lastErr
+	return lastErr
+}
+
+// NewStandby makes a streaming-replication standby of s with pg_basebackup
+// and starts it on its own port. Promote turns it into a primary. Close it
+// before s.
+func (s *Server) NewStandby() (*Server, error) {
+	st := &Server{opts: s.opts, bindir: s.bindir, cred: s.cred}
+	if err := st.makeDir(); err != nil {
+		return nil, err
+	}
+	cmd := st.command("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "postgres",
+		"-D", filepath.Join(st.dir, "data"), "-R", "-X", "stream", "--no-sync")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(st.dir)
+		return nil, fmt.Errorf("pg_basebackup: %v\n%s", err, out)
+	}
+	if err := st.startOnFreePort(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// Promote promotes a standby to a primary and waits until it accepts
+// writes.
+func (s *Server) Promote(ctx context.Context) error {
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok); err != nil || !ok {
+		return fmt.Errorf("pg_promote: %v (ok=%v)", err, ok)
+	}
+	return nil
 }
 
 func findBinDir() (string, error) {
@@ -187,11 +239,6 @@ func (s *Server) command(name string, args ...string) *exec.Cmd {
 }
 
 func (s *Server) init() error {
-	if s.cred != nil {
-		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
-			return fmt.Errorf("%w: chown %s: %v", ErrNoServer, s.dir, err)
-		}
-	}
 	cmd := s.command("initdb", "-D", filepath.Join(s.dir, "data"), "-U", "postgres",
 		"--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
 	out, err := cmd.CombinedOutput()
