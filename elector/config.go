@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/pgleader/pgleader/internal/terms"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -171,6 +172,25 @@ type Config struct {
 	// ReconnectMaxDelay caps the exponential, jittered backoff between
 	// reconnect attempts. Default 500ms.
 	ReconnectMaxDelay time.Duration
+
+	// Fencing turns on fencing terms: each election installs the next term
+	// of Key in a table, and OnElected's Leadership carries it. Off by
+	// default.
+	Fencing Fencing
+}
+
+// Fencing configures fencing terms (see leader.Fence).
+type Fencing struct {
+	// Enabled turns fencing on. The elector then creates the terms table
+	// when it is missing, unless NoCreate is set.
+	Enabled bool
+	// Table is the terms table, "name" or "schema.name". Default
+	// leader.DefaultTermsTable.
+	Table string
+	// NoCreate makes a missing table an error (leader.ErrNoTermsTable)
+	// instead of creating it; for roles without CREATE privilege. Create it
+	// with leader.TermsTableSQL.
+	NoCreate bool
 }
 
 func (c *Config) setDefaults() {
@@ -184,6 +204,9 @@ func (c *Config) setDefaults() {
 	def(&c.LeaseDuration, DefaultLeaseDuration)
 	def(&c.ReleaseTimeout, DefaultReleaseTimeout)
 	def(&c.ReconnectMaxDelay, DefaultReconnectMaxDelay)
+	if c.Fencing.Enabled && c.Fencing.Table == "" {
+		c.Fencing.Table = leader.DefaultTermsTable
+	}
 	if c.Identity == "" {
 		host, _ := os.Hostname()
 		suffix := fmt.Sprintf("-%d", os.Getpid())
@@ -224,6 +247,11 @@ func (c *Config) validate() error {
 	for _, r := range c.Identity {
 		if r < 0x20 || r > 0x7e {
 			return bad("Identity", "must be printable ASCII (PostgreSQL replaces other characters in application_name), got %q", c.Identity)
+		}
+	}
+	if c.Fencing.Enabled {
+		if _, err := terms.Quote(c.Fencing.Table); err != nil {
+			return bad("Fencing.Table", "%v", err)
 		}
 	}
 	if d, ok := c.Connect.(*dsnConnector); ok && d.err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/pgleader/pgleader/internal/terms"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -45,6 +46,8 @@ type Elector struct {
 	acquireSQL string
 	unlockSQL  string
 	checkSQL   string
+	bumpSQL    string // "" without fencing
+	bumpArgs   []any
 
 	ran        atomic.Bool
 	leading    atomic.Bool
@@ -80,6 +83,11 @@ WHERE ` + tag + ` AND l.granted AND l.database = (SELECT datid FROM pg_stat_acti
 	e.acquireSQL = `SELECT pg_backend_pid() FROM pg_advisory_lock(` + e.lockArgs + `)`
 	e.unlockSQL = `SELECT pg_advisory_unlock(` + e.lockArgs + `)`
 	e.checkSQL = `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks l WHERE ` + tag + ` AND l.granted AND l.pid = pg_backend_pid())`
+	if cfg.Fencing.Enabled {
+		q, _ := terms.Quote(cfg.Fencing.Table)
+		e.bumpSQL = terms.BumpSQL(q)
+		e.bumpArgs = []any{classid, objid, objsubid, cfg.Key.String(), cfg.Identity}
+	}
 	empty := ""
 	e.leaderID.Store(&empty)
 	return e, nil
@@ -175,7 +183,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, leader.ErrTransactionPooling) {
+		if errors.Is(err, leader.ErrTransactionPooling) || errors.Is(err, leader.ErrNoTermsTable) {
 			e.log.Error("giving up", zap.Error(err))
 			return err
 		}
@@ -205,6 +213,11 @@ func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
 	pid, err := e.setup(ctx, conn)
 	if err != nil {
 		return fmt.Errorf("session setup: %w", err)
+	}
+	if f := e.cfg.Fencing; f.Enabled {
+		if err := terms.Ensure(ctx, conn, f.Table, !f.NoCreate); err != nil {
+			return fmt.Errorf("fencing: %w", err)
+		}
 	}
 	connected()
 	e.log.Info("connected", zap.Uint32("backend_pid", pid))
@@ -239,6 +252,7 @@ func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 		{"lock_timeout", ms(c.RenewInterval)},
 		{"statement_timeout", "0"},
 		{"idle_in_transaction_session_timeout", "0"},
+		{"synchronous_commit", "on"}, // a fencing term must survive a crash and a failover
 		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
 		{"tcp_keepalives_interval", "1"},
 		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
@@ -363,11 +377,74 @@ func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32) (won
 	return true, sent, br.Close()
 }
 
+// errTermStuck: the lock is ours, but the next term could not be installed
+// within LeaseDuration because an earlier leader's fenced transaction holds
+// the term row.
+var errTermStuck = errors.New("fencing term row locked by an earlier leader's transaction")
+
+// confirm proves, right after the lock was granted, that our own backend
+// holds it (which also catches a transaction-pooling proxy), and with
+// fencing installs the next term in the same round trip. It returns when
+// the successful check was sent, and the term.
+func (e *Elector) confirm(conn *pgx.Conn, pid uint32, sent time.Time) (time.Time, int64, error) {
+	giveUp := time.Now().Add(e.cfg.LeaseDuration)
+	trustFrom := sent
+	for {
+		vsent := time.Now()
+		ctx, cancel := context.WithDeadline(context.Background(), trustFrom.Add(e.cfg.RenewDeadline))
+		term, err := e.checkAndBump(ctx, conn, pid)
+		cancel()
+		if errors.Is(err, leader.ErrLockLost) {
+			err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", leader.ErrTransactionPooling)
+		}
+		if !errors.Is(err, errTermBusy) {
+			return vsent, term, err
+		}
+		trustFrom = vsent // the check in that round trip succeeded
+		if time.Now().After(giveUp) {
+			return vsent, 0, errTermStuck
+		}
+	}
+}
+
+var errTermBusy = errors.New("term row busy")
+
+func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, pid uint32) (int64, error) {
+	if e.bumpSQL == "" {
+		return 0, e.check(ctx, conn, pid)
+	}
+	b := &pgx.Batch{}
+	b.Queue(e.checkSQL)
+	b.Queue(e.bumpSQL, e.bumpArgs...)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if err := e.checkResult(br.QueryRow(), pid); err != nil {
+		return 0, err
+	}
+	var term int64
+	err := br.QueryRow().Scan(&term)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == sqlstateLockNotAvailable:
+		br.Close()
+		return 0, errTermBusy
+	case errors.As(err, &pgErr):
+		return 0, fmt.Errorf("install term: %w", terms.Classify(err, e.cfg.Fencing.Table))
+	case err != nil:
+		return 0, fmt.Errorf("%w: install term: %v", leader.ErrConnectionLost, err)
+	}
+	return term, br.Close()
+}
+
 // check asks the server whether this session's backend holds the lock.
 func (e *Elector) check(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+	return e.checkResult(conn.QueryRow(ctx, e.checkSQL), pid)
+}
+
+func (e *Elector) checkResult(row pgx.Row, pid uint32) error {
 	var gotPid int32
 	var held bool
-	if err := conn.QueryRow(ctx, e.checkSQL).Scan(&gotPid, &held); err != nil {
+	if err := row.Scan(&gotPid, &held); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("%w: %v", leader.ErrRenewDeadline, err)
 		}
@@ -386,19 +463,19 @@ func (e *Elector) check(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 // reports the reason, and whether the connection is still fit for use.
 func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent time.Time) (reason error, keepConn bool) {
 	c := e.cfg
-	// Verify at once that the lock is held by our own backend: this also
-	// catches a transaction-pooling proxy, which would move the lock.
-	vsent := time.Now()
-	vctx, vcancel := context.WithDeadline(context.Background(), sent.Add(c.RenewDeadline))
-	err := e.check(vctx, conn, pid)
-	vcancel()
-	if errors.Is(err, leader.ErrLockLost) {
-		err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", leader.ErrTransactionPooling)
+	vsent, term, err := e.confirm(conn, pid, sent)
+	if errors.Is(err, errTermStuck) {
+		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
+			zap.String("table", c.Fencing.Table))
+		return err, e.unlock(conn) == nil
 	}
 	if err != nil {
 		return err, false
 	}
-	l := leader.Leadership{Key: c.Key, Identity: c.Identity, ElectedAt: time.Now(), BackendPID: pid}
+	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
+	if c.Fencing.Enabled {
+		l.TermsTable = c.Fencing.Table
+	}
 	leadCtx, cancel := context.WithCancelCause(ctx)
 	t := &tenure{l: l, cancel: cancel, demoted: make(chan struct{})}
 	cbDone := make(chan struct{})
@@ -408,6 +485,9 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 	e.trustUntil.Store(int64(vsent.Sub(e.epoch) + c.RenewDeadline))
 	e.leading.Store(true)
 	log := e.log.With(zap.Uint32("backend_pid", pid))
+	if c.Fencing.Enabled {
+		log = log.With(zap.Int64("term", term))
+	}
 	log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(sent)))
 	e.setLeader(c.Identity)
 	go func() {

@@ -68,6 +68,7 @@ type event struct {
 	id     string // the elector's identity
 	leader string // for newleader
 	reason error
+	term   int64
 	at     time.Time
 }
 
@@ -146,6 +147,7 @@ type opts struct {
 	logger   *zap.Logger
 	lease    time.Duration
 	deadline time.Duration
+	fencing  elector.Fencing
 }
 
 type running struct {
@@ -168,7 +170,7 @@ func start(t testing.TB, r *recorder, o opts) *running {
 		Logger:   o.logger,
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
-				r.add(event{kind: "elected", id: l.Identity})
+				r.add(event{kind: "elected", id: l.Identity, term: l.Term})
 				onLead(ctx, l)
 			},
 			OnDemoted: func(l leader.Leadership, reason error) {
@@ -180,6 +182,7 @@ func start(t testing.TB, r *recorder, o opts) *running {
 		RenewDeadline:  tDeadline,
 		LeaseDuration:  tLease,
 		ReleaseTimeout: tRelease,
+		Fencing:        o.fencing,
 	}
 	if o.release != 0 {
 		cfg.ReleaseTimeout = o.release
@@ -238,12 +241,20 @@ func childMain(role string) int {
 		return def
 	}
 	id := os.Getenv("CHILD_ID")
+	var (
+		lastMu sync.Mutex
+		last   leader.Leadership
+	)
 	e, err := elector.New(elector.Config{
+		Fencing:  elector.Fencing{Enabled: os.Getenv("CHILD_FENCING") != ""},
 		Connect:  elector.DSN(os.Getenv("CHILD_DSN")),
 		Key:      leader.KeyFromName(os.Getenv("CHILD_KEY")),
 		Identity: id,
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
+				lastMu.Lock()
+				last = l
+				lastMu.Unlock()
 				em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: l.Term})
 				<-ctx.Done()
 				em.Emit(testpg.Event{Ev: "ctxdone", Identity: id, Term: l.Term})
@@ -271,6 +282,14 @@ func childMain(role string) int {
 			switch sc.Text() {
 			case "resign":
 				e.Resign(ctx)
+			case "write":
+				// A fenced write with the last leadership, whether or not
+				// this process still leads: what a stale leader would do.
+				lastMu.Lock()
+				l := last
+				lastMu.Unlock()
+				err := fencedWrite(context.Background(), os.Getenv("CHILD_DSN"), l)
+				em.Emit(testpg.Event{Ev: "write", Identity: id, Term: l.Term, Err: errString(err)})
 			case "exit":
 				cancel()
 				return

@@ -1,8 +1,13 @@
 package leader_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -24,4 +29,53 @@ func ExamplePairKey() {
 	const confirm, refund = 1, 2
 	fmt.Println(leader.PairKey(confirm, 7), leader.PairKey(refund, 7), leader.PairKey(confirm, 7) == leader.PairKey(refund, 7))
 	// Output: 1:7 2:7 false
+}
+
+// A leader fences each transaction with its Leadership; once a newer leader
+// is elected, its writes are refused.
+func ExampleLeadership_Fence() {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, exampleDSN())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer conn.Close(ctx)
+	conn.Exec(ctx, leader.TermsTableSQL("example_terms"))
+	conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS ledger (term bigint, note text)")
+	key := leader.KeyFromName("ledger-writer")
+	classid, objid, objsubid := key.LockTag()
+	// What an elector with Fencing does at each election:
+	install := func(holder string) leader.Leadership {
+		var term int64
+		conn.QueryRow(ctx, `INSERT INTO example_terms VALUES ($1, $2, $3, $4, 1, $5, now())
+			ON CONFLICT (classid, objid, objsubid) DO UPDATE SET term = example_terms.term + 1 RETURNING term`,
+			classid, objid, objsubid, key.String(), holder).Scan(&term)
+		return leader.Leadership{Key: key, Identity: holder, Term: term, TermsTable: "example_terms"}
+	}
+	write := func(l leader.Leadership) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := l.Fence(ctx, tx); err != nil {
+				return err // roll back: a newer leader exists
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO ledger VALUES ($1, 'written')", l.Term)
+			return err
+		})
+	}
+	old := install("worker-a")
+	fmt.Println("old leader:", write(old))
+	install("worker-b")
+	err = write(old)
+	fmt.Println("old leader after a new election, fenced:", errors.Is(err, leader.ErrFenced))
+	// Output:
+	// old leader: <nil>
+	// old leader after a new election, fenced: true
+}
+
+func exampleDSN() string {
+	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
+	if srvErr != nil {
+		panic(srvErr)
+	}
+	return srv.DSN()
 }

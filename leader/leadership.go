@@ -12,6 +12,9 @@ type Leadership struct {
 	// Term is the fencing token of this tenure: strictly greater than the
 	// term of every earlier tenure of Key. It is 0 when fencing is off.
 	Term int64
+	// TermsTable is the table that holds Term ("" when fencing is off).
+	// Leadership.Fence uses it.
+	TermsTable string
 	// ElectedAt is when the lock was granted, on this process's clock.
 	ElectedAt time.Time
 	// BackendPID is the server process that holds the lock.

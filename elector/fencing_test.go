@@ -1,0 +1,319 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+const writesDDL = `CREATE TABLE IF NOT EXISTS fenced_writes (id bigserial PRIMARY KEY, key_name text NOT NULL, term bigint NOT NULL, writer text NOT NULL)`
+
+// fencedWrite records one write under l's term, refused when fenced.
+func fencedWrite(ctx context.Context, dsn string, l leader.Leadership) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return writeWith(ctx, conn, l)
+}
+
+func writeWith(ctx context.Context, conn *pgx.Conn, l leader.Leadership) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := l.Fence(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO fenced_writes (key_name, term, writer) VALUES ($1, $2, $3)`, l.Key.String(), l.Term, l.Identity)
+		return err
+	})
+}
+
+// staleWrites counts accepted writes of a key whose term is lower than the
+// term of a write committed before them: writes of a deposed leader.
+func staleWrites(t testing.TB, srv *testpg.Server, key leader.Key) int64 {
+	t.Helper()
+	n, err := srv.QueryInt(context.Background(), `SELECT count(*) FROM (
+		SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+		FROM fenced_writes WHERE key_name = $1) s WHERE term < before`, key.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var fencingOn = elector.Fencing{Enabled: true}
+
+// Terms strictly increase over many handovers, across an immediate restart.
+func TestTermsStrictlyIncrease(t *testing.T) {
+	srv := testpg.Start(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	els := map[string]*running{}
+	for _, id := range []string{"t1", "t2", "t3"} {
+		els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id, fencing: fencingOn})
+	}
+	var terms []int64
+	cur := r.next("elected", "")
+	terms = append(terms, cur.term)
+	for i := 0; i < 8; i++ {
+		if i == 4 {
+			if err := srv.Restart(testpg.Immediate); err != nil {
+				t.Fatal(err)
+			}
+			r.next("demoted", cur.id)
+		} else if err := els[cur.id].e.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cur = r.next("elected", "")
+		terms = append(terms, cur.term)
+	}
+	for i := 1; i < len(terms); i++ {
+		if terms[i] <= terms[i-1] {
+			t.Fatalf("terms not strictly increasing: %v", terms)
+		}
+	}
+	if terms[0] < 1 {
+		t.Fatalf("first term %d", terms[0])
+	}
+	t.Logf("terms: %v", terms)
+}
+
+// A paused leader is fenced: it holds term N, is stopped past the lease, a
+// new leader takes term N+1, and the old one's write on resuming is refused.
+func TestPausedLeaderIsFenced(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	if err := srv.Exec(ctx, writesDDL); err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorder(t)
+	key := testKey(t)
+	child := startChild(t, srv.DSN(), key.Name(), "old", "CHILD_FENCING=1")
+	el, err := child.WaitTimeout("elected", waitLong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.Send("write")
+	if w, err := child.WaitTimeout("write", waitLong); err != nil || w.Err != "" {
+		t.Fatalf("write as leader: %+v %v", w, err)
+	}
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "new", fencing: fencingOn, onLead: func(ctx context.Context, l leader.Leadership) {
+		if err := fencedWrite(ctx, srv.DSN(), l); err != nil {
+			t.Errorf("new leader's write: %v", err)
+		}
+		<-ctx.Done()
+	}})
+	child.Signal(syscall.SIGSTOP)
+	nl := r.next("elected", "new")
+	if nl.term != el.Term+1 {
+		t.Fatalf("new term %d, want %d", nl.term, el.Term+1)
+	}
+	child.Signal(syscall.SIGCONT)
+	child.Send("write")
+	w, err := child.WaitTimeout("write", waitLong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(w.Err, "fenced") {
+		t.Fatalf("stale leader's write: %q, want it fenced", w.Err)
+	}
+	n, err := srv.QueryInt(ctx, `SELECT count(*) FROM fenced_writes WHERE key_name = $1 AND term = $2 AND id > (SELECT min(id) FROM fenced_writes WHERE key_name = $1 AND term = $3)`,
+		key.String(), el.Term, nl.term)
+	if err != nil || n != 0 {
+		t.Fatalf("%d writes of term %d after term %d began (err %v)", n, el.Term, nl.term, err)
+	}
+}
+
+// Several electors write through Fence while leadership moves under
+// resigns, backend kills and a black hole: no stale-term write is accepted.
+func TestConcurrentFencedWriters(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	if err := srv.Exec(ctx, writesDDL); err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorder(t)
+	key := testKey(t)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	var mu sync.Mutex
+	accepted, fenced := 0, 0
+	writer := func(ctx context.Context, l leader.Leadership) {
+		conn, err := pgx.Connect(context.Background(), srv.DSN())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(context.Background())
+		var stopAt time.Time
+		for {
+			// Keep writing for a while past the cancellation, as a slow
+			// leader would: Fence must refuse what comes too late.
+			err := writeWith(context.Background(), conn, l)
+			mu.Lock()
+			switch {
+			case err == nil:
+				accepted++
+			case errors.Is(err, leader.ErrFenced):
+				fenced++
+			}
+			mu.Unlock()
+			if ctx.Err() != nil && stopAt.IsZero() {
+				stopAt = time.Now().Add(150 * time.Millisecond)
+			}
+			if !stopAt.IsZero() && time.Now().After(stopAt) {
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	els := map[string]*running{}
+	for _, id := range []string{"w1", "w2", "w3"} {
+		dsn := srv.DSN()
+		if id == "w1" {
+			dsn = proxy.DSN()
+		}
+		els[id] = start(t, r, opts{dsn: dsn, key: key, id: id, fencing: fencingOn, onLead: writer})
+	}
+	cur := r.next("elected", "")
+	for round := 0; round < 6; round++ {
+		time.Sleep(50 * time.Millisecond) // let the leader write
+		switch {
+		case cur.id == "w1":
+			proxy.Blackhole()
+			r.next("demoted", "w1")
+			proxy.Heal()
+		case round%2 == 0:
+			if err := els[cur.id].e.Resign(ctx); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			if _, err := srv.TerminateBackend(ctx, cur.id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cur = r.next("elected", "")
+	}
+	for _, rn := range els {
+		rn.stop()
+	}
+	if n := staleWrites(t, srv, key); n != 0 {
+		t.Fatalf("%d stale-term writes accepted", n)
+	}
+	t.Logf("%d writes accepted, %d refused as fenced", accepted, fenced)
+	if accepted == 0 || fenced == 0 {
+		t.Fatalf("want both accepted and refused writes, got %d and %d", accepted, fenced)
+	}
+}
+
+func TestFencingTableMissing(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, dsn, want string
+		fencing         elector.Fencing
+	}{
+		{"missing, no create", srv.DSN(), "CREATE TABLE IF NOT EXISTS", elector.Fencing{Enabled: true, Table: "no_such_terms", NoCreate: true}},
+		{"no privilege", strings.Replace(srv.DSN(), "postgres@", "fence_plain@", 1), "grant", elector.Fencing{Enabled: true, Table: "plain_terms"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := srv.Exec(ctx, "DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fence_plain') THEN CREATE ROLE fence_plain LOGIN; END IF; END$$"); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+				t.Fatal(err)
+			}
+			e, err := elector.New(elector.Config{
+				Connect: elector.DSN(tc.dsn), Key: testKey(t), Fencing: tc.fencing,
+				Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { t.Error("elected without a terms table") }},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(ctx, waitLong)
+			defer cancel()
+			err = e.Run(ctx)
+			if !errors.Is(err, leader.ErrNoTermsTable) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want ErrNoTermsTable mentioning %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+// OnNewLeader fires once per change on every elector, and Leader() agrees.
+func TestOnNewLeaderOncePerChange(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	ids := []string{"n1", "n2", "n3"}
+	els := map[string]*running{}
+	for _, id := range ids {
+		els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id})
+	}
+	var leaders []string
+	cur := r.next("elected", "")
+	leaders = append(leaders, cur.id)
+	for i := 0; i < 3; i++ {
+		waitAllSee(t, els, cur.id)
+		if err := els[cur.id].e.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cur = r.next("elected", "")
+		leaders = append(leaders, cur.id)
+	}
+	waitAllSee(t, els, cur.id)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[string][]string{}
+	for _, e := range r.events {
+		if e.kind == "newleader" {
+			seen[e.id] = append(seen[e.id], e.leader)
+		}
+	}
+	for _, id := range ids {
+		s := seen[id]
+		if len(s) != len(leaders) {
+			t.Errorf("%s saw leaders %v, want %v", id, s, leaders)
+			continue
+		}
+		for i := range s {
+			if s[i] != leaders[i] {
+				t.Errorf("%s saw leaders %v, want %v", id, s, leaders)
+				break
+			}
+		}
+	}
+}
+
+func waitAllSee(t *testing.T, els map[string]*running, id string) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for _, rn := range els {
+		for rn.e.Leader() != id {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: Leader() = %q, want %q", rn.e.Identity(), rn.e.Leader(), id)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
