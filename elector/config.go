@@ -152,6 +152,9 @@ type Config struct {
 	Callbacks Callbacks
 	// Logger receives structured logs; nil means none.
 	Logger *zap.Logger
+	// Observer receives events for metrics (see health.NewMetrics); nil
+	// means none.
+	Observer leader.Observer
 
 	// RenewInterval is how often the leader checks that it holds the lock,
 	// and how long a follower's lock wait lasts before it starts a new
@@ -217,6 +220,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
+	}
+	if c.Observer == nil {
+		c.Observer = leader.NopObserver{}
 	}
 }
 

@@ -38,6 +38,7 @@ const sqlstateLockNotAvailable = "55P03"
 type Elector struct {
 	cfg   Config
 	log   *zap.Logger
+	obs   leader.Observer
 	epoch time.Time
 
 	lockArgs   string // the key's argument list in SQL, from $1
@@ -57,6 +58,62 @@ type Elector struct {
 	mu     sync.Mutex
 	tenure *tenure
 	cbDone chan struct{} // closed when the last OnElected returned
+	st     Status        // guarded by mu; see Status
+}
+
+// Status is a snapshot of an elector's state, for probes and status pages.
+type Status struct {
+	// Identity and Key are the elector's own.
+	Identity string
+	Key      leader.Key
+	// Leading is IsLeader(): the lock is held and the trust window is open.
+	Leading bool
+	// Tenure is true from the election until the demotion begins, even when
+	// the trust window has passed: a leader that believes it leads.
+	Tenure bool
+	// Leader is Leader(): the current leader's identity as last seen.
+	Leader string
+	// Term is the current tenure's fencing term (0 without fencing or when
+	// not leading).
+	Term int64
+	// Since is when the current tenure began (zero when not leading).
+	Since time.Time
+	// Connected reports whether the elector has a working session.
+	Connected bool
+	// LastRenew is when the last successful renew (or the election) was
+	// sent; zero before the first election.
+	LastRenew time.Time
+	// LastRound is when the elector last finished a step of its loop: a
+	// campaign round, a renew, or a connection attempt. Liveness probes
+	// watch it.
+	LastRound time.Time
+	// LastError is the last connection error or demotion reason ("" when
+	// none since the last success).
+	LastError string
+	// RenewInterval, RenewDeadline, LeaseDuration and ReleaseTimeout are
+	// the elector's settings, for probes.
+	RenewInterval, RenewDeadline, LeaseDuration, ReleaseTimeout time.Duration
+}
+
+// Status returns a snapshot of the elector's state.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	st := e.st
+	e.mu.Unlock()
+	st.Leading = e.IsLeader()
+	st.Tenure = e.leading.Load()
+	st.Leader = e.Leader()
+	if !st.Tenure {
+		st.Term, st.Since = 0, time.Time{}
+	}
+	return st
+}
+
+// note updates the status under the lock.
+func (e *Elector) note(f func(st *Status)) {
+	e.mu.Lock()
+	f(&e.st)
+	e.mu.Unlock()
 }
 
 type tenure struct {
@@ -90,6 +147,10 @@ WHERE ` + tag + ` AND l.granted AND l.database = (SELECT datid FROM pg_stat_acti
 	}
 	empty := ""
 	e.leaderID.Store(&empty)
+	e.obs = cfg.Observer
+	e.st = Status{Identity: cfg.Identity, Key: cfg.Key, LastRound: time.Now(),
+		RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
+		LeaseDuration: cfg.LeaseDuration, ReleaseTimeout: cfg.ReleaseTimeout}
 	return e, nil
 }
 
@@ -190,6 +251,8 @@ func (e *Elector) Run(ctx context.Context) error {
 		attempt++
 		delay := bo.NextBackOff()
 		e.log.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+		e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = false, time.Now(), err.Error() })
+		e.obs.Reconnecting(e.cfg.Key, e.cfg.Identity, attempt, delay, err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -221,6 +284,7 @@ func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
 	}
 	connected()
 	e.log.Info("connected", zap.Uint32("backend_pid", pid))
+	e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = true, time.Now(), "" })
 	return e.serve(ctx, conn, pid)
 }
 
@@ -303,12 +367,14 @@ func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 // serve alternates campaigns and tenures on one connection.
 func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 	coolDown := false
+	var campaignStart time.Time
 	for {
 		if err := e.waitCallback(ctx); err != nil {
 			return err
 		}
 		if coolDown {
 			// Give a waiting candidate the lock we just released.
+			coolDown = false
 			t := time.NewTimer(e.cfg.RenewInterval)
 			select {
 			case <-ctx.Done():
@@ -317,13 +383,21 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 			case <-t.C:
 			}
 		}
+		if campaignStart.IsZero() {
+			campaignStart = time.Now()
+			e.log.Info("campaigning")
+			e.obs.Campaigning(e.cfg.Key, e.cfg.Identity)
+		}
 		won, sent, err := e.campaign(ctx, conn, pid)
 		if err != nil {
 			return err
 		}
+		e.note(func(st *Status) { st.LastRound = time.Now() })
 		if !won {
 			continue
 		}
+		e.obs.LockWaited(e.cfg.Key, time.Since(campaignStart), true)
+		campaignStart = time.Time{}
 		reason, keepConn := e.lead(ctx, conn, pid, sent)
 		if !keepConn {
 			return reason
@@ -366,7 +440,8 @@ func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32) (won
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == sqlstateLockNotAvailable {
 		e.log.Debug("lock busy; campaigning again", zap.String("holder", holder))
-		return false, sent, br.Close()
+		br.Close() // returns the same lock timeout error
+		return false, sent, nil
 	}
 	if err != nil {
 		return false, sent, err
@@ -482,13 +557,14 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 	e.mu.Lock()
 	e.tenure, e.cbDone = t, cbDone
 	e.mu.Unlock()
+	e.note(func(st *Status) {
+		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
+	})
 	e.trustUntil.Store(int64(vsent.Sub(e.epoch) + c.RenewDeadline))
 	e.leading.Store(true)
-	log := e.log.With(zap.Uint32("backend_pid", pid))
-	if c.Fencing.Enabled {
-		log = log.With(zap.Int64("term", term))
-	}
+	log := e.log.With(zap.Int64("term", term), zap.Uint32("backend_pid", pid))
 	log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(sent)))
+	e.obs.Elected(l)
 	e.setLeader(c.Identity)
 	go func() {
 		defer close(cbDone)
@@ -516,7 +592,10 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 			if reason == nil {
 				lastOK = rsent
 				e.trustUntil.Store(int64(rsent.Sub(e.epoch) + c.RenewDeadline))
-				log.Debug("renewed", zap.Duration("latency", time.Since(rsent)))
+				latency := time.Since(rsent)
+				e.note(func(st *Status) { st.LastRenew, st.LastRound = rsent, time.Now() })
+				e.obs.Renewed(l, latency)
+				log.Debug("renewed", zap.Duration("latency", latency))
 			}
 		}
 	}
@@ -525,11 +604,15 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 	e.leading.Store(false)
 	e.trustUntil.Store(0)
 	cancel(reason)
+	e.obs.Demoted(l, reason)
 	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
 	if !graceful {
 		closeConn(conn) // the lock is gone or in doubt: end the session now
 	}
 	log.Info("stepping down", zap.NamedError("reason", reason))
+	if !graceful {
+		e.note(func(st *Status) { st.LastError = reason.Error() })
+	}
 	if !e.waitCallbackFor(cbDone, c.ReleaseTimeout) {
 		log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
 			zap.Duration("release_timeout", c.ReleaseTimeout))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -503,4 +504,64 @@ func TestPrimarySwitch(t *testing.T) {
 		t.Fatalf("holder on the new primary: %+v, %v", h, err)
 	}
 	t.Logf("%s leads on the promoted standby %s after pg_promote was called", again.id, again.at.Sub(promoted))
+}
+
+type countingObserver struct {
+	leader.NopObserver
+	reconnects atomic.Int64
+}
+
+func (o *countingObserver) Reconnecting(leader.Key, string, int, time.Duration, error) {
+	o.reconnects.Add(1)
+}
+
+// A follower keeps its one session across campaign rounds: a lock wait that
+// times out is a normal round, not a connection problem.
+func TestFollowerKeepsItsSession(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "keeper-leader"})
+	r.next("elected", "keeper-leader")
+	obs := &countingObserver{}
+	e, err := elector.New(elector.Config{
+		Connect: elector.DSN(srv.DSN()), Key: key, Identity: "keeper-follower", Observer: obs,
+		RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease,
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	pid := func() int64 {
+		n, _ := srv.QueryInt(context.Background(), "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = 'keeper-follower'")
+		return n
+	}
+	deadline := time.Now().Add(waitLong)
+	for e.Leader() != "keeper-leader" || pid() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("follower never saw the leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	first := pid()
+	rounds, last := 0, e.Status().LastRound
+	for rounds < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d campaign rounds", rounds)
+		}
+		if lr := e.Status().LastRound; lr.After(last) {
+			rounds, last = rounds+1, lr
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := obs.reconnects.Load(); n != 0 {
+		t.Fatalf("%d reconnects over %d campaign rounds", n, rounds)
+	}
+	if p := pid(); p != first {
+		t.Fatalf("follower session changed from pid %d to %d", first, p)
+	}
 }

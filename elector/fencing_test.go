@@ -151,11 +151,6 @@ func TestConcurrentFencedWriters(t *testing.T) {
 	}
 	r := newRecorder(t)
 	key := testKey(t)
-	proxy, err := testpg.NewProxy(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
 	var mu sync.Mutex
 	accepted, fenced := 0, 0
 	writer := func(ctx context.Context, l leader.Leadership) {
@@ -188,26 +183,31 @@ func TestConcurrentFencedWriters(t *testing.T) {
 		}
 	}
 	els := map[string]*running{}
+	proxies := map[string]*testpg.Proxy{}
 	for _, id := range []string{"w1", "w2", "w3"} {
-		dsn := srv.DSN()
-		if id == "w1" {
-			dsn = proxy.DSN()
+		proxy, err := testpg.NewProxy(srv.Addr())
+		if err != nil {
+			t.Fatal(err)
 		}
-		els[id] = start(t, r, opts{dsn: dsn, key: key, id: id, fencing: fencingOn, onLead: writer})
+		defer proxy.Close()
+		proxies[id] = proxy
+		els[id] = start(t, r, opts{dsn: proxy.DSN(), key: key, id: id, fencing: fencingOn, onLead: writer})
 	}
 	cur := r.next("elected", "")
 	for round := 0; round < 6; round++ {
 		time.Sleep(50 * time.Millisecond) // let the leader write
-		switch {
-		case cur.id == "w1":
-			proxy.Blackhole()
-			r.next("demoted", "w1")
-			proxy.Heal()
-		case round%2 == 0:
+		fault := []string{"resign", "terminate", "blackhole"}[round%3]
+		t.Logf("round %d: %s leads term %d; fault: %s", round, cur.id, cur.term, fault)
+		switch fault {
+		case "blackhole":
+			proxies[cur.id].Blackhole()
+			r.next("demoted", cur.id)
+			proxies[cur.id].Heal()
+		case "resign":
 			if err := els[cur.id].e.Resign(ctx); err != nil {
 				t.Fatal(err)
 			}
-		default:
+		case "terminate":
 			if _, err := srv.TerminateBackend(ctx, cur.id); err != nil {
 				t.Fatal(err)
 			}

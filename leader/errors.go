@@ -1,6 +1,9 @@
 package leader
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // Reasons for a demotion, handed to OnDemoted and set as the cause of the
 // OnElected context (see context.Cause). Test them with errors.Is.
@@ -32,3 +35,7 @@ var (
 	// ErrNotLeader is returned by calls that need leadership when there is none.
 	ErrNotLeader = errors.New("pgleader: not the leader")
 )
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
