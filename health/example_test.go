@@ -1,0 +1,68 @@
+package health_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/health"
+	"github.com/pgleader/pgleader/leader"
+)
+
+func newElector(obs leader.Observer) *elector.Elector {
+	e, err := elector.New(elector.Config{
+		Connect:   elector.DSN("postgres://app@db.internal/app"),
+		Key:       leader.KeyFromName("reports"),
+		Identity:  "reports-7f9c",
+		Observer:  obs,
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
+
+// Probes and metrics for an active/passive replica: only the leader is
+// ready, so a Kubernetes Service routes traffic to it alone.
+func Example() {
+	metrics, _ := health.NewMetrics(prometheus.DefaultRegisterer)
+	e := newElector(metrics)
+	checker := health.NewChecker(e, health.Options{LeaderOnly: true})
+	http.Handle("/livez", checker.LivezHandler())
+	http.Handle("/readyz", checker.ReadyzHandler())
+	http.Handle("/status", checker.StatusHandler())
+	// go e.Run(ctx); http.ListenAndServe(":8080", nil)
+	fmt.Println(checker.Live())
+	fmt.Println(checker.Ready())
+	// Output:
+	// <nil>
+	// health: not ready: not the leader
+}
+
+// The Kubernetes-style shape: Name() and Check(*http.Request), as
+// apiserver's healthz.HealthChecker; Check itself is a controller-runtime
+// healthz.Checker (mgr.AddReadyzCheck(c.Name(), c.Check)).
+func ExampleChecker_ReadinessCheck() {
+	checker := health.NewChecker(newElector(nil), health.Options{LeaderOnly: true})
+	c := checker.ReadinessCheck()
+	var named interface {
+		Name() string
+		Check(*http.Request) error
+	} = c
+	fmt.Println(named.Name(), named.Check(nil))
+	// Output: pgleader-ready health: not ready: not the leader
+}
+
+// The plain func(context.Context) error that hellofresh/health-go
+// (health.Config{Check: ...}) and alexliesenfeld/health
+// (health.Check{Check: ...}) take.
+func ExampleChecker_LiveFunc() {
+	checker := health.NewChecker(newElector(nil), health.Options{})
+	check := checker.LiveFunc()
+	fmt.Println(check(context.Background()))
+	// Output: <nil>
+}

@@ -1,0 +1,429 @@
+package health_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/health"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+var (
+	srvOnce sync.Once
+	srv     *testpg.Server
+	srvErr  error
+)
+
+func server(t testing.TB) *testpg.Server {
+	t.Helper()
+	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
+	if srvErr != nil {
+		t.Fatalf("%v", srvErr)
+	}
+	return srv
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if srv != nil {
+		srv.Close()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+const waitLong = 30 * time.Second
+
+type node struct {
+	e       *elector.Elector
+	c       *health.Checker
+	http    *httptest.Server
+	elected chan time.Time
+	demoted chan error
+}
+
+func startNode(t *testing.T, conn elector.Connector, key leader.Key, id string, obs leader.Observer, hopts health.Options) *node {
+	t.Helper()
+	n := &node{elected: make(chan time.Time, 16), demoted: make(chan error, 16)}
+	var err error
+	n.e, err = elector.New(elector.Config{
+		Connect: conn, Key: key, Identity: id, Observer: obs, Logger: testLogger(t),
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Callbacks: elector.Callbacks{
+			OnElected: func(ctx context.Context, l leader.Leadership) {
+				n.elected <- time.Now()
+				<-ctx.Done()
+			},
+			OnDemoted: func(l leader.Leadership, reason error) { n.demoted <- reason },
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.c = health.NewChecker(n.e, hopts)
+	n.http = httptest.NewServer(n.c.Handler())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); n.e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; n.http.Close() })
+	return n
+}
+
+func (n *node) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(n.http.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func wait[T any](t *testing.T, ch chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitLong):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// Leader-only readiness follows leadership on resign and on a backend kill.
+func TestLeaderOnlyReadinessFlips(t *testing.T) {
+	s := server(t)
+	key := leader.KeyFromName(t.Name())
+	a := startNode(t, elector.DSN(s.DSN()), key, "ready-a", nil, health.Options{LeaderOnly: true})
+	wait(t, a.elected, "a elected")
+	b := startNode(t, elector.DSN(s.DSN()), key, "ready-b", nil, health.Options{LeaderOnly: true})
+	waitForWaiter(t, s, key, "ready-b")
+	if code, _ := a.get(t, "/readyz"); code != 200 {
+		t.Fatalf("leader a: readyz %d", code)
+	}
+	if code, body := b.get(t, "/readyz"); code != 503 || !strings.Contains(body, "not the leader") {
+		t.Fatalf("follower b: readyz %d %q", code, body)
+	}
+	// Resign: b becomes ready at its election, a is unready from its demotion.
+	if err := a.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, b.elected, "b elected")
+	if code, _ := a.get(t, "/readyz"); code != 503 {
+		t.Fatalf("resigned a: readyz %d", code)
+	}
+	if code, _ := b.get(t, "/readyz"); code != 200 {
+		t.Fatalf("new leader b: readyz %d", code)
+	}
+	// Backend kill: the same the other way round, once a queues for the lock.
+	waitForWaiter(t, s, key, "ready-a")
+	if _, err := s.TerminateBackend(context.Background(), "ready-b"); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, a.elected, "a elected again")
+	if code, _ := b.get(t, "/readyz"); code != 503 {
+		t.Fatalf("killed b: readyz %d", code)
+	}
+	if code, _ := a.get(t, "/readyz"); code != 200 {
+		t.Fatalf("a: readyz %d", code)
+	}
+}
+
+// stubbornConn ignores deadlines once told to: the connection of a broken
+// network stack or dialer, on which the elector cannot time out a read.
+type stubbornConn struct {
+	net.Conn
+	ignore *atomic.Bool
+}
+
+func (c stubbornConn) SetDeadline(t time.Time) error {
+	if c.ignore.Load() {
+		return nil
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+func (c stubbornConn) SetReadDeadline(t time.Time) error {
+	if c.ignore.Load() {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+// Liveness fails for a wedged leader (its connection black-holed and its
+// step-down path blocked), and recovers once the connection dies.
+func TestLivenessFailsForWedgedLeader(t *testing.T) {
+	s := server(t)
+	proxy, err := testpg.NewProxy(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	var ignore atomic.Bool
+	cfg, err := pgx.ParseConfig(proxy.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return stubbornConn{Conn: c, ignore: &ignore}, nil
+	}
+	conn := elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) })
+	key := leader.KeyFromName(t.Name())
+	n := startNode(t, conn, key, "wedged", nil, health.Options{Tolerance: 200 * time.Millisecond})
+	wait(t, n.elected, "elected")
+	if err := n.c.Live(); err != nil {
+		t.Fatalf("healthy leader not live: %v", err)
+	}
+	ignore.Store(true)
+	proxy.Blackhole()
+	deadline := time.Now().Add(waitLong)
+	for {
+		err := n.c.Live()
+		if err != nil {
+			if !errors.Is(err, health.ErrNotLive) || !strings.Contains(err.Error(), "believes it leads") {
+				t.Fatalf("unexpected liveness error: %v", err)
+			}
+			if code, body := n.get(t, "/livez"); code != 503 || !strings.Contains(body, "no renew") {
+				t.Fatalf("livez %d %q", code, body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a wedged leader stayed live")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n.e.IsLeader() {
+		t.Fatal("IsLeader true past the trust window")
+	}
+	ignore.Store(false)
+	proxy.Heal() // the read fails, the elector steps down and recovers
+	if reason := wait(t, n.demoted, "demoted"); !errors.Is(reason, leader.ErrConnectionLost) && !errors.Is(reason, leader.ErrRenewDeadline) {
+		t.Fatalf("reason %v", reason)
+	}
+	wait(t, n.elected, "elected again")
+	if err := n.c.Live(); err != nil {
+		t.Fatalf("recovered leader not live: %v", err)
+	}
+}
+
+// A database outage does not fail liveness, for the leader or a follower.
+func TestLivenessDuringOutage(t *testing.T) {
+	s := testpg.Start(t)
+	key := leader.KeyFromName(t.Name())
+	opts := health.Options{StallTimeout: 2 * time.Second}
+	a := startNode(t, elector.DSN(s.DSN()), key, "out-a", nil, opts)
+	wait(t, a.elected, "a elected")
+	b := startNode(t, elector.DSN(s.DSN()), key, "out-b", nil, opts)
+	if err := s.Stop(testpg.Fast); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, a.demoted, "a demoted")
+	// Watch both for twice the stall timeout while the server is down.
+	until := time.Now().Add(2 * opts.StallTimeout)
+	for time.Now().Before(until) {
+		for _, n := range []*node{a, b} {
+			if err := n.c.Live(); err != nil {
+				t.Fatalf("%s not live during the outage: %v", n.e.Identity(), err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := b.e.Status(); st.Connected || st.LastError == "" {
+		t.Fatalf("status during the outage: %+v", st)
+	}
+	if err := s.StartAgain(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.elected:
+	case <-b.elected:
+	case <-time.After(waitLong):
+		t.Fatal("no leader after the outage")
+	}
+}
+
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metrics
+				}
+			}
+			return value(m)
+		}
+	}
+	return -1
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	}
+	return -1
+}
+
+func TestMetrics(t *testing.T) {
+	s := server(t)
+	reg := prometheus.NewRegistry()
+	m, err := health.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := leader.KeyFromName("metrics-test")
+	el := map[string]string{"election": "metrics-test"}
+	a := startNode(t, elector.DSN(s.DSN()), key, "met-a", m, health.Options{})
+	wait(t, a.elected, "a elected")
+	if v := metricValue(t, reg, "pgleader_is_leader", el); v != 1 {
+		t.Fatalf("is_leader %v", v)
+	}
+	if v := metricValue(t, reg, "leader_election_master_status", map[string]string{"name": "metrics-test"}); v != 1 {
+		t.Fatalf("master_status %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_elections_total", el); v != 1 {
+		t.Fatalf("elections_total %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_acquire_wait_seconds", el); v != 1 {
+		t.Fatalf("acquire_wait count %v", v)
+	}
+	deadline := time.Now().Add(waitLong)
+	for metricValue(t, reg, "pgleader_renew_duration_seconds", el) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no renew observed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v := metricValue(t, reg, "pgleader_last_renew_timestamp_seconds", el); v < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Fatalf("last_renew %v", v)
+	}
+	if err := a.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": "resigned"}); v != 1 {
+		t.Fatalf("demotions{resigned} %v", v)
+	}
+	wait(t, a.elected, "a elected again") // no one else campaigns
+	if _, err := s.TerminateBackend(context.Background(), "met-a"); err != nil {
+		t.Fatal(err)
+	}
+	wait(t, a.elected, "a elected after the kill")
+	if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": "connection_lost"}); v != 1 {
+		t.Fatalf("demotions{connection_lost} %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_reconnects_total", el); v < 1 {
+		t.Fatalf("reconnects %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_elections_total", el); v != 3 {
+		t.Fatalf("elections_total %v", v)
+	}
+	if _, err := health.NewMetrics(reg); err == nil {
+		t.Fatal("registering twice succeeded")
+	}
+}
+
+// The JSON status has exactly the documented fields.
+func TestStatusJSONShape(t *testing.T) {
+	s := server(t)
+	key := leader.KeyFromName(t.Name())
+	n := startNode(t, elector.DSN(s.DSN()), key, "json-a", nil, health.Options{LeaderOnly: true})
+	wait(t, n.elected, "elected")
+	code, body := n.get(t, "/status")
+	if code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.DisallowUnknownFields()
+	var st health.StatusJSON
+	if err := dec.Decode(&st); err != nil {
+		t.Fatalf("status does not match StatusJSON: %v\n%s", err, body)
+	}
+	var raw map[string]any
+	json.Unmarshal([]byte(body), &raw)
+	for _, f := range []string{"identity", "key", "leading", "leader", "term", "since", "last_renew", "last_error", "connected", "live", "ready"} {
+		if _, ok := raw[f]; !ok {
+			t.Errorf("field %q missing from %s", f, body)
+		}
+	}
+	if st.Identity != "json-a" || !st.Leading || st.Leader != "json-a" || st.Since == nil || st.LastRenew == nil || !st.Live || !st.Ready || !st.Connected {
+		t.Fatalf("status: %+v", st)
+	}
+}
+
+func testLogger(t *testing.T) *zap.Logger {
+	if os.Getenv("PGLEADER_TEST_LOGS") == "" {
+		return nil
+	}
+	return zaptest.NewLogger(t)
+}
+
+// waitForWaiter waits until id queues for key's lock.
+func waitForWaiter(t *testing.T, s *testpg.Server, key leader.Key, id string) {
+	t.Helper()
+	conn, err := s.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	deadline := time.Now().Add(waitLong)
+	for {
+		h, err := leader.Holder(context.Background(), conn, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range h.Waiters {
+			if w.Identity == id {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never queued for the lock", id)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
