@@ -77,6 +77,10 @@ func DSN(dsn string) Connector {
 		},
 	}
 	cfg.DialFunc = d.DialContext
+	// No named prepared statements: the elector's few queries are cheap to
+	// parse, and the session stays usable (and its checks meaningful)
+	// behind a pooler.
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	return &dsnConnector{cfg: cfg}
 }
 

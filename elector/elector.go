@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/terms"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -27,10 +27,6 @@ import (
 // ErrAlreadyRunning is returned by Run when the Elector has run before.
 // An Elector runs once; make a new one to run again.
 var ErrAlreadyRunning = errors.New("elector: Run called more than once")
-
-// sqlstateLockNotAvailable is lock_not_available, raised when lock_timeout
-// ends a lock wait.
-const sqlstateLockNotAvailable = "55P03"
 
 // Elector campaigns for one advisory lock and runs callbacks while it holds
 // it. Create it with New and start it with Run. Its methods are safe for
@@ -41,11 +37,9 @@ type Elector struct {
 	obs   leader.Observer
 	epoch time.Time
 
-	lockArgs   string // the key's argument list in SQL, from $1
-	keyArgs    []any
+	tag        lockconn.Tag
 	holderSQL  string
 	acquireSQL string
-	unlockSQL  string
 	checkSQL   string
 	bumpSQL    string // "" without fencing
 	bumpArgs   []any
@@ -132,14 +126,11 @@ func New(cfg Config) (*Elector, error) {
 	}
 	e := &Elector{cfg: cfg, epoch: time.Now()}
 	e.log = cfg.Logger.With(zap.Stringer("key", cfg.Key), zap.String("identity", cfg.Identity))
-	e.lockArgs, e.keyArgs = cfg.Key.SQLArgs(1)
+	e.tag = tagOf(cfg.Key)
+	e.holderSQL = e.tag.HolderSQL()
+	e.acquireSQL = e.tag.AcquireSQL("pg_advisory_lock")
+	e.checkSQL = e.tag.CheckSQL()
 	classid, objid, objsubid := cfg.Key.LockTag()
-	tag := fmt.Sprintf("l.locktype = 'advisory' AND l.classid = %d AND l.objid = %d AND l.objsubid = %d", classid, objid, objsubid)
-	e.holderSQL = `SELECT coalesce(a.application_name, ''), l.pid FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE ` + tag + ` AND l.granted AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) LIMIT 1`
-	e.acquireSQL = `SELECT pg_backend_pid() FROM pg_advisory_lock(` + e.lockArgs + `)`
-	e.unlockSQL = `SELECT pg_advisory_unlock(` + e.lockArgs + `)`
-	e.checkSQL = `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks l WHERE ` + tag + ` AND l.granted AND l.pid = pg_backend_pid())`
 	if cfg.Fencing.Enabled {
 		q, _ := terms.Quote(cfg.Fencing.Table)
 		e.bumpSQL = terms.BumpSQL(q)
@@ -272,7 +263,7 @@ func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	defer closeConn(conn)
+	defer lockconn.Close(conn)
 	pid, err := e.setup(ctx, conn)
 	if err != nil {
 		return fmt.Errorf("session setup: %w", err)
@@ -288,85 +279,30 @@ func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
 	return e.serve(ctx, conn, pid)
 }
 
-func closeConn(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	conn.Close(ctx)
-}
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
-
-func serverMajor(conn *pgx.Conn) int {
-	v := conn.PgConn().ParameterStatus("server_version")
-	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		v = v[:i]
-	}
-	n, _ := strconv.Atoi(v)
-	return n
+func tagOf(k leader.Key) lockconn.Tag {
+	c, o, sub := k.LockTag()
+	args, vals := k.SQLArgs(1)
+	return lockconn.Tag{ClassID: c, ObjID: o, ObjSubID: sub, Args: args, Vals: vals}
 }
 
 // setup configures the session in one round trip: application_name, the
 // lock wait bound, the server-side lease and keepalives.
 func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 	c := e.cfg
-	keepIdle := max(1, int(c.RenewDeadline/time.Second))
-	keepCount := max(1, int((c.LeaseDuration-time.Duration(keepIdle)*time.Second)/time.Second))
-	sets := [][2]string{
-		{"application_name", c.Identity},
-		{"lock_timeout", ms(c.RenewInterval)},
-		{"statement_timeout", "0"},
-		{"idle_in_transaction_session_timeout", "0"},
-		{"synchronous_commit", "on"}, // a fencing term must survive a crash and a failover
-		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
-		{"tcp_keepalives_interval", "1"},
-		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
-	}
-	major := serverMajor(conn)
-	if major >= 12 {
-		sets = append(sets, [2]string{"tcp_user_timeout", ms(c.LeaseDuration)})
-	}
-	if major >= 14 {
-		sets = append(sets, [2]string{"idle_session_timeout", ms(c.LeaseDuration)})
-	} else {
+	sess, err := lockconn.Setup(ctx, conn, lockconn.Settings{
+		Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
+		KeepIdle: c.RenewDeadline, SyncCommit: true, // a fencing term must survive a crash and a failover
+	})
+	if err == nil && sess.Major < 14 {
 		e.log.Warn("PostgreSQL before 14 has no idle_session_timeout: a paused or partitioned leader keeps the lock on the server until TCP keepalives end its session, and a paused process answers keepalives",
-			zap.Int("server_major", major))
+			zap.Int("server_major", sess.Major))
 	}
-	var sb strings.Builder
-	sb.WriteString("SELECT pg_backend_pid()")
-	args := make([]any, 0, len(sets))
-	for i, kv := range sets {
-		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
-		args = append(args, kv[1])
-	}
-	var pid uint32
-	rows, err := conn.Query(ctx, sb.String(), append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if rows.Err() != nil {
-			return 0, rows.Err()
-		}
-		return 0, errors.New("no row from setup query")
-	}
-	vals, err := rows.Values()
-	if err != nil {
-		return 0, err
-	}
-	switch v := vals[0].(type) {
-	case int32:
-		pid = uint32(v)
-	case int64:
-		pid = uint32(v)
-	}
-	rows.Close()
-	return pid, rows.Err()
+	return sess.PID, err
 }
 
 // serve alternates campaigns and tenures on one connection.
 func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
-	coolDown := false
+	coolDown, possiblyHeld := false, false
 	var campaignStart time.Time
 	for {
 		if err := e.waitCallback(ctx); err != nil {
@@ -388,7 +324,7 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 			e.log.Info("campaigning")
 			e.obs.Campaigning(e.cfg.Key, e.cfg.Identity)
 		}
-		won, sent, err := e.campaign(ctx, conn, pid)
+		won, sent, err := e.campaign(ctx, conn, pid, &possiblyHeld)
 		if err != nil {
 			return err
 		}
@@ -411,45 +347,60 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 
 // campaign runs one campaign round: it looks up the holder, then waits for
 // the lock for at most RenewInterval (lock_timeout). Both statements go in
-// one pipelined round trip.
-func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32) (won bool, sent time.Time, err error) {
+// one pipelined round trip. The acquisition never stacks on a lock the
+// backend already holds.
+//
+// A wait can end in lock_timeout at the very moment the lock is granted;
+// PostgreSQL then reports the timeout and the session keeps the lock. So
+// after a timed-out round the lock is "possibly held", and the next round,
+// finding it held by this backend, takes it as won.
+func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32, possiblyHeld *bool) (won bool, sent time.Time, err error) {
 	b := &pgx.Batch{}
 	b.Queue(e.holderSQL)
-	b.Queue(e.acquireSQL, e.keyArgs...)
+	b.Queue(e.acquireSQL, e.tag.Vals...)
 	sent = time.Now()
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
 	var holder string
-	var holderPid int32
-	switch err := br.QueryRow().Scan(&holder, &holderPid); {
+	var holderPid, ownPid int32
+	switch err := br.QueryRow().Scan(&holder, &holderPid, &ownPid); {
 	case errors.Is(err, pgx.ErrNoRows):
 		empty := ""
 		e.leaderID.Store(&empty) // nobody leads; no callback for that
 	case err != nil:
-		return false, sent, err
-	default:
+		return false, sent, lockconn.Pooling(err)
+	case holderPid != ownPid:
 		if holder == "" {
 			holder = "pid " + strconv.Itoa(int(holderPid))
 		}
-		if uint32(holderPid) != pid {
-			e.setLeader(holder)
-		}
+		e.setLeader(holder)
 	}
 	var gotPid int32
-	err = br.QueryRow().Scan(&gotPid)
+	var already, held bool
+	err = br.QueryRow().Scan(&gotPid, &already, &held)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstateLockNotAvailable {
+	if errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable {
 		e.log.Debug("lock busy; campaigning again", zap.String("holder", holder))
 		br.Close() // returns the same lock timeout error
+		*possiblyHeld = true
 		return false, sent, nil
 	}
 	if err != nil {
-		return false, sent, err
+		return false, sent, lockconn.Pooling(err)
 	}
 	if uint32(gotPid) != pid {
 		return false, sent, fmt.Errorf("%w: backend pid changed from %d to %d between statements", leader.ErrTransactionPooling, pid, gotPid)
 	}
-	return true, sent, br.Close()
+	if already && !*possiblyHeld {
+		// Our backend holds a lock this elector never took: another client
+		// shares this server connection.
+		return false, sent, fmt.Errorf("%w: this session's backend (pid %d) already held the lock before this elector took it", leader.ErrTransactionPooling, gotPid)
+	}
+	if already {
+		e.log.Info("the last lock wait timed out as the lock was granted; holding it")
+	}
+	*possiblyHeld = false
+	return held, sent, br.Close()
 }
 
 // errTermStuck: the lock is ours, but the next term could not be installed
@@ -486,21 +437,21 @@ var errTermBusy = errors.New("term row busy")
 
 func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, pid uint32) (int64, error) {
 	if e.bumpSQL == "" {
-		return 0, e.check(ctx, conn, pid)
+		return 0, lockconn.Check(ctx, conn, e.tag, pid)
 	}
 	b := &pgx.Batch{}
 	b.Queue(e.checkSQL)
 	b.Queue(e.bumpSQL, e.bumpArgs...)
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
-	if err := e.checkResult(br.QueryRow(), pid); err != nil {
+	if err := lockconn.CheckResult(br.QueryRow(), pid); err != nil {
 		return 0, err
 	}
 	var term int64
 	err := br.QueryRow().Scan(&term)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == sqlstateLockNotAvailable:
+	case errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable:
 		br.Close()
 		return 0, errTermBusy
 	case errors.As(err, &pgErr):
@@ -509,29 +460,6 @@ func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, pid uint32) 
 		return 0, fmt.Errorf("%w: install term: %v", leader.ErrConnectionLost, err)
 	}
 	return term, br.Close()
-}
-
-// check asks the server whether this session's backend holds the lock.
-func (e *Elector) check(ctx context.Context, conn *pgx.Conn, pid uint32) error {
-	return e.checkResult(conn.QueryRow(ctx, e.checkSQL), pid)
-}
-
-func (e *Elector) checkResult(row pgx.Row, pid uint32) error {
-	var gotPid int32
-	var held bool
-	if err := row.Scan(&gotPid, &held); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %v", leader.ErrRenewDeadline, err)
-		}
-		return fmt.Errorf("%w: %v", leader.ErrConnectionLost, err)
-	}
-	if uint32(gotPid) != pid {
-		return fmt.Errorf("%w: backend pid changed from %d to %d between statements", leader.ErrTransactionPooling, pid, gotPid)
-	}
-	if !held {
-		return leader.ErrLockLost
-	}
-	return nil
 }
 
 // lead runs one tenure, from the lock being granted to the demotion. It
@@ -576,18 +504,16 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 	for reason == nil {
 		// Between renews, read the idle socket: a terminated backend's
 		// FATAL message or EOF ends the wait at once.
-		wctx, wcancel := context.WithDeadline(leadCtx, lastOK.Add(c.RenewInterval))
-		_, werr := conn.WaitForNotification(wctx)
-		wcancel()
+		werr := lockconn.WaitIdle(leadCtx, conn, lastOK.Add(c.RenewInterval))
 		switch {
 		case leadCtx.Err() != nil:
 			reason = context.Cause(leadCtx)
-		case werr != nil && !errors.Is(werr, context.DeadlineExceeded):
-			reason = fmt.Errorf("%w: %v", leader.ErrConnectionLost, werr)
-		case werr != nil: // time to renew
+		case werr != nil:
+			reason = werr
+		default: // time to renew
 			rsent := time.Now()
 			rctx, rcancel := context.WithDeadline(context.Background(), lastOK.Add(c.RenewDeadline))
-			reason = e.check(rctx, conn, pid)
+			reason = lockconn.Check(rctx, conn, e.tag, pid)
 			rcancel()
 			if reason == nil {
 				lastOK = rsent
@@ -607,7 +533,7 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 	e.obs.Demoted(l, reason)
 	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
 	if !graceful {
-		closeConn(conn) // the lock is gone or in doubt: end the session now
+		lockconn.Close(conn) // the lock is gone or in doubt: end the session now
 	}
 	log.Info("stepping down", zap.NamedError("reason", reason))
 	if !graceful {
@@ -619,7 +545,7 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 	}
 	if graceful {
 		if keepConn = e.unlock(conn) == nil; !keepConn {
-			closeConn(conn)
+			lockconn.Close(conn)
 		}
 	}
 	e.setLeaderIfSelf()
@@ -646,16 +572,11 @@ func (e *Elector) setLeaderIfSelf() {
 func (e *Elector) unlock(conn *pgx.Conn) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
-	var ok bool
-	if err := conn.QueryRow(ctx, e.unlockSQL, e.keyArgs...).Scan(&ok); err != nil {
+	err := lockconn.Unlock(ctx, conn, e.tag)
+	if err != nil {
 		e.log.Warn("unlock failed; closing the connection to release the lock", zap.Error(err))
-		return err
 	}
-	if !ok {
-		e.log.Warn("unlock found the lock not held; closing the connection")
-		return leader.ErrLockLost
-	}
-	return nil
+	return err
 }
 
 // waitCallbackFor waits up to d for done; it reports whether done closed.

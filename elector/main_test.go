@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
@@ -75,14 +76,15 @@ type event struct {
 // recorder collects the callbacks of several electors and checks that
 // OnElected and OnDemoted come in pairs.
 type recorder struct {
-	t      testing.TB
-	ch     chan event
-	mu     sync.Mutex
-	events []event
+	t       testing.TB
+	mu      sync.Mutex
+	events  []event
+	changed chan struct{} // closed and replaced on every add
+	cursor  map[string]int
 }
 
 func newRecorder(t testing.TB) *recorder {
-	r := &recorder{t: t, ch: make(chan event, 4096)}
+	r := &recorder{t: t, changed: make(chan struct{}), cursor: map[string]int{}}
 	t.Cleanup(r.checkPairs)
 	return r
 }
@@ -91,8 +93,9 @@ func (r *recorder) add(e event) {
 	e.at = time.Now()
 	r.mu.Lock()
 	r.events = append(r.events, e)
+	close(r.changed)
+	r.changed = make(chan struct{})
 	r.mu.Unlock()
-	r.ch <- e
 }
 
 // checkPairs asserts that per elector the callbacks alternate elected,
@@ -122,16 +125,27 @@ func (r *recorder) checkPairs() {
 	}
 }
 
-// next waits for the next event of kind (any elector when id is "").
+// next returns the next event of kind (of any elector when id is ""),
+// waiting for it. Each (kind, id) query has its own cursor, so waiting for
+// one kind of event never skips another.
 func (r *recorder) next(kind, id string) event {
 	r.t.Helper()
 	timeout := time.After(waitLong)
+	q := kind + "|" + id
 	for {
-		select {
-		case e := <-r.ch:
-			if e.kind == kind && (id == "" || e.id == id) {
+		r.mu.Lock()
+		for i := r.cursor[q]; i < len(r.events); i++ {
+			if e := r.events[i]; e.kind == kind && (id == "" || e.id == id) {
+				r.cursor[q] = i + 1
+				r.mu.Unlock()
 				return e
 			}
+		}
+		r.cursor[q] = len(r.events)
+		changed := r.changed
+		r.mu.Unlock()
+		select {
+		case <-changed:
 		case <-timeout:
 			r.t.Fatalf("no %s event for %q within %s", kind, id, waitLong)
 		}
@@ -167,7 +181,7 @@ func start(t testing.TB, r *recorder, o opts) *running {
 		Connect:  elector.DSN(o.dsn),
 		Key:      o.key,
 		Identity: o.id,
-		Logger:   o.logger,
+		Logger:   testLogger(t, o.logger),
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				r.add(event{kind: "elected", id: l.Identity, term: l.Term})
@@ -322,4 +336,13 @@ func startChild(t testing.TB, dsn, key, id string, env ...string) *testpg.Child 
 		t.Fatal(err)
 	}
 	return c
+}
+
+// testLogger returns l, or with PGLEADER_TEST_LOGS set a logger into the
+// test's output.
+func testLogger(t testing.TB, l *zap.Logger) *zap.Logger {
+	if l == nil && os.Getenv("PGLEADER_TEST_LOGS") != "" {
+		return zaptest.NewLogger(t)
+	}
+	return l
 }

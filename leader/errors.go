@@ -3,6 +3,8 @@ package leader
 import (
 	"context"
 	"errors"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
 )
 
 // Reasons for a demotion, handed to OnDemoted and set as the cause of the
@@ -11,13 +13,13 @@ var (
 	// ErrConnectionLost: the connection that held the lock broke or the
 	// server ended the session (pg_terminate_backend, a restart, the
 	// server-side lease). The lock is gone with the session.
-	ErrConnectionLost = errors.New("pgleader: connection lost")
+	ErrConnectionLost = lockconn.ErrConnectionLost
 	// ErrLockLost: the connection answered, but its backend no longer holds
 	// the lock (for example DISCARD ALL or pg_advisory_unlock_all ran on it).
-	ErrLockLost = errors.New("pgleader: advisory lock no longer held")
+	ErrLockLost = lockconn.ErrLockLost
 	// ErrRenewDeadline: no renew succeeded within the trust window
 	// (RenewDeadline), so leadership is in doubt.
-	ErrRenewDeadline = errors.New("pgleader: renew deadline exceeded")
+	ErrRenewDeadline = lockconn.ErrRenewDeadline
 	// ErrResigned: the leader resigned (Resign was called).
 	ErrResigned = errors.New("pgleader: resigned")
 	// ErrCallbackReturned: OnElected returned on its own; the elector
@@ -31,7 +33,7 @@ var (
 	// transaction (or statement) mode, such as PgBouncer with
 	// pool_mode=transaction. Session advisory locks cannot work there:
 	// connect directly to PostgreSQL, or through a pool in session mode.
-	ErrTransactionPooling = errors.New("pgleader: connection is behind a transaction-pooling proxy (e.g. PgBouncer pool_mode=transaction); session advisory locks need a direct connection or session pooling")
+	ErrTransactionPooling = lockconn.ErrTransactionPooling
 	// ErrNotLeader is returned by calls that need leadership when there is none.
 	ErrNotLeader = errors.New("pgleader: not the leader")
 )

@@ -95,7 +95,7 @@ func Ensure(ctx context.Context, conn *pgx.Conn, table string, create bool) erro
 // classid, objid, objsubid, key name, holder.
 func BumpSQL(quoted string) string {
 	return `INSERT INTO ` + quoted + ` AS t (classid, objid, objsubid, key_name, term, holder, elected_at)
-VALUES ($1, $2, $3, $4, 1, $5, now())
+VALUES ($1::oid, $2::oid, $3::int2, $4::text, 1, $5::text, now())
 ON CONFLICT (classid, objid, objsubid) DO UPDATE SET term = t.term + 1, holder = EXCLUDED.holder, elected_at = EXCLUDED.elected_at
 RETURNING term`
 }
@@ -103,5 +103,5 @@ RETURNING term`
 // FenceSQL reads a key's term with a share lock. Its arguments are classid,
 // objid, objsubid.
 func FenceSQL(quoted string) string {
-	return `SELECT term FROM ` + quoted + ` WHERE classid = $1 AND objid = $2 AND objsubid = $3 FOR SHARE`
+	return `SELECT term FROM ` + quoted + ` WHERE classid = $1::oid AND objid = $2::oid AND objsubid = $3::int2 FOR SHARE`
 }

@@ -1,0 +1,247 @@
+// Package lockconn is the low layer under the leader and elector packages:
+// it configures a dedicated session for holding an advisory lock, checks in
+// pg_locks that the session's own backend holds it, and watches the idle
+// socket between checks.
+package lockconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Errors; the leader package re-exports them.
+var (
+	ErrConnectionLost     = errors.New("pgleader: connection lost")
+	ErrLockLost           = errors.New("pgleader: advisory lock no longer held")
+	ErrRenewDeadline      = errors.New("pgleader: renew deadline exceeded")
+	ErrTransactionPooling = errors.New("pgleader: connection is behind a transaction-pooling proxy (e.g. PgBouncer pool_mode=transaction); session advisory locks need a direct connection or session pooling")
+)
+
+// SQLSTATE codes.
+const (
+	LockNotAvailable = "55P03" // lock_timeout ended a lock wait
+	// Prepared statements that vanish or collide: the classic symptoms of a
+	// transaction-pooling proxy.
+	duplicatePreparedStatement = "42P05"
+	invalidSQLStatementName    = "26000"
+)
+
+// Tag is an advisory lock's identity in pg_locks, and its argument list for
+// the advisory-lock functions.
+type Tag struct {
+	ClassID, ObjID uint32
+	ObjSubID       int16
+	Args           string // e.g. "$1::int8"
+	Vals           []any
+}
+
+func (t Tag) where() string {
+	return fmt.Sprintf("l.locktype = 'advisory' AND l.classid = %d AND l.objid = %d AND l.objsubid = %d", t.ClassID, t.ObjID, t.ObjSubID)
+}
+
+// CheckSQL returns the session's backend pid and whether that backend holds
+// the lock (granted), reading pg_locks for its own pid.
+func (t Tag) CheckSQL() string {
+	return `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks l WHERE ` + t.where() + ` AND l.granted AND l.pid = pg_backend_pid())`
+}
+
+// HolderSQL returns the holder's application_name and pid (no row when the
+// lock is free) and the session's own backend pid.
+func (t Tag) HolderSQL() string {
+	return `SELECT coalesce(a.application_name, ''), l.pid, pg_backend_pid() FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE ` + t.where() + ` AND l.granted AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) LIMIT 1`
+}
+
+// AcquireSQL takes the lock with fn (pg_advisory_lock or
+// pg_try_advisory_lock) unless the session's backend already holds it, and
+// never stacks a second acquisition on a held lock. It returns the backend
+// pid, whether the lock was already held, and whether it is held now. The
+// lock call is an InitPlan behind the OR, which PostgreSQL evaluates only
+// when the left side is false.
+func (t Tag) AcquireSQL(fn string) string {
+	call := "(SELECT true FROM " + fn + "(" + t.Args + "))"
+	if fn == "pg_try_advisory_lock" {
+		call = "(SELECT " + fn + "(" + t.Args + "))"
+	}
+	return `SELECT pg_backend_pid(), h.held, h.held OR ` + call + `
+FROM (SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE ` + t.where() + ` AND l.granted AND l.pid = pg_backend_pid()) AS held) h`
+}
+
+// Call returns "SELECT fn(args)" for an advisory-lock function.
+func (t Tag) Call(fn string) string { return "SELECT " + fn + "(" + t.Args + ")" }
+
+// Settings configure a session.
+type Settings struct {
+	Identity    string        // application_name
+	LockTimeout time.Duration // lock_timeout for every statement
+	// Lease is idle_session_timeout (PostgreSQL 14+), tcp_user_timeout,
+	// and about the span of the server's keepalive probing.
+	Lease time.Duration
+	// KeepIdle is the server's TCP keepalive idle time.
+	KeepIdle time.Duration
+	// SyncCommit forces synchronous_commit=on.
+	SyncCommit bool
+}
+
+// Session is a configured connection.
+type Session struct {
+	PID   uint32
+	Major int // server major version
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// ServerMajor returns the server's major version from the startup
+// parameters, with no round trip.
+func ServerMajor(conn *pgx.Conn) int {
+	v := conn.PgConn().ParameterStatus("server_version")
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		v = v[:i]
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+// Setup configures the session in one round trip and returns its backend
+// pid. Without idle_session_timeout (before PostgreSQL 14) it still sets
+// keepalives; the caller should warn.
+func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
+	keepIdle := max(1, int(s.KeepIdle/time.Second))
+	keepCount := max(1, int((s.Lease-time.Duration(keepIdle)*time.Second)/time.Second))
+	sets := [][2]string{
+		{"application_name", s.Identity},
+		{"lock_timeout", ms(s.LockTimeout)},
+		{"statement_timeout", "0"},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
+		{"tcp_keepalives_interval", "1"},
+		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
+	}
+	if s.SyncCommit {
+		sets = append(sets, [2]string{"synchronous_commit", "on"})
+	}
+	sess := Session{Major: ServerMajor(conn)}
+	if sess.Major >= 12 {
+		sets = append(sets, [2]string{"tcp_user_timeout", ms(s.Lease)})
+	}
+	if sess.Major >= 14 {
+		sets = append(sets, [2]string{"idle_session_timeout", ms(s.Lease)})
+	}
+	var sb strings.Builder
+	sb.WriteString("SELECT pg_backend_pid()")
+	args := []any{pgx.QueryExecModeSimpleProtocol}
+	for i, kv := range sets {
+		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
+		args = append(args, kv[1])
+	}
+	rows, err := conn.Query(ctx, sb.String(), args...)
+	if err != nil {
+		return sess, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return sess, err
+		}
+		return sess, errors.New("no row from the session setup query")
+	}
+	vals, err := rows.Values()
+	if err != nil {
+		return sess, err
+	}
+	switch v := vals[0].(type) {
+	case int32:
+		sess.PID = uint32(v)
+	case int64:
+		sess.PID = uint32(v)
+	}
+	rows.Close()
+	return sess, rows.Err()
+}
+
+// Pooling reports whether err is a symptom of a transaction-pooling proxy,
+// and wraps it as ErrTransactionPooling if so.
+func Pooling(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == duplicatePreparedStatement || pgErr.Code == invalidSQLStatementName) {
+		return fmt.Errorf("%w: prepared statements vanish or collide (%v)", ErrTransactionPooling, err)
+	}
+	return err
+}
+
+// CheckResult reads a CheckSQL row: nil when the session's own backend, the
+// one set up as pid, holds the lock.
+func CheckResult(row pgx.Row, pid uint32) error {
+	var gotPid int32
+	var held bool
+	if err := row.Scan(&gotPid, &held); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %v", ErrRenewDeadline, err)
+		}
+		if perr := Pooling(err); perr != err {
+			return perr
+		}
+		return fmt.Errorf("%w: %v", ErrConnectionLost, err)
+	}
+	if uint32(gotPid) != pid {
+		return fmt.Errorf("%w: backend pid changed from %d to %d between statements", ErrTransactionPooling, pid, gotPid)
+	}
+	if !held {
+		return ErrLockLost
+	}
+	return nil
+}
+
+// Check asks whether the session's own backend holds the lock. ctx's
+// deadline is the trust window: past it the error is ErrRenewDeadline.
+func Check(ctx context.Context, conn *pgx.Conn, t Tag, pid uint32) error {
+	return CheckResult(conn.QueryRow(ctx, t.CheckSQL(), pgx.QueryExecModeExec), pid)
+}
+
+// WaitIdle reads the idle connection until `until`, so that a server's
+// FATAL message or a closed socket is seen at once. It returns nil at
+// `until`, ctx's error when ctx ends first, and an error wrapping
+// ErrConnectionLost when the connection ends.
+func WaitIdle(ctx context.Context, conn *pgx.Conn, until time.Time) error {
+	for {
+		wctx, cancel := context.WithDeadline(ctx, until)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err == nil:
+			continue // a notification: not ours, keep waiting
+		case errors.Is(err, context.DeadlineExceeded):
+			return nil
+		default:
+			return fmt.Errorf("%w: %v", ErrConnectionLost, err)
+		}
+	}
+}
+
+// Close closes a connection, bounded to a second.
+func Close(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn.Close(ctx)
+}
+
+// Unlock releases the lock once. It fails when the lock was not held.
+func Unlock(ctx context.Context, conn *pgx.Conn, t Tag) error {
+	var ok bool
+	if err := conn.QueryRow(ctx, t.Call("pg_advisory_unlock"), append([]any{pgx.QueryExecModeExec}, t.Vals...)...).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return ErrLockLost
+	}
+	return nil
+}
