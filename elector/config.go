@@ -4,13 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"regexp"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/internal/terms"
@@ -47,76 +42,16 @@ func (e *ConfigError) Error() string {
 // Unwrap makes errors.Is(err, ErrInvalidConfig) true.
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
-// Connector opens the elector's dedicated connection. The elector calls it
-// again after every connection loss. It must return a new connection each
-// time, never one borrowed from a pool.
-type Connector interface {
-	Connect(ctx context.Context) (*pgx.Conn, error)
-}
+// Connector opens the elector's dedicated connection (see leader.Connector).
+type Connector = leader.Connector
 
 // ConnectFunc adapts a function to Connector.
-type ConnectFunc func(ctx context.Context) (*pgx.Conn, error)
+type ConnectFunc = leader.ConnectFunc
 
-// Connect calls f.
-func (f ConnectFunc) Connect(ctx context.Context) (*pgx.Conn, error) { return f(ctx) }
-
-// DSN returns a Connector for a PostgreSQL connection string (URL or
-// key=value form, as pgx.ParseConfig takes it; multi-host strings with
-// target_session_attrs=read-write work). It turns on TCP keepalives. A
-// string that does not parse makes New fail; the error never shows the
-// password.
-func DSN(dsn string) Connector {
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return &dsnConnector{err: fmt.Errorf("invalid DSN: %s", redact(err.Error(), dsn))}
-	}
-	d := &net.Dialer{
-		Timeout: 10 * time.Second,
-		KeepAliveConfig: net.KeepAliveConfig{
-			Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 3,
-		},
-	}
-	cfg.DialFunc = d.DialContext
-	// No named prepared statements: the elector's few queries are cheap to
-	// parse, and the session stays usable (and its checks meaningful)
-	// behind a pooler.
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	return &dsnConnector{cfg: cfg}
-}
-
-type dsnConnector struct {
-	cfg *pgx.ConnConfig
-	err error
-}
-
-func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
-	if c.err != nil {
-		return nil, c.err
-	}
-	return pgx.ConnectConfig(ctx, c.cfg)
-}
-
-var (
-	urlPassword = regexp.MustCompile(`://[^:/@?#]*:([^@]*)@`)
-	kvPassword  = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
-)
-
-// redact removes from s every password the connection string dsn may hold.
-func redact(s, dsn string) string {
-	var secrets []string
-	for _, m := range urlPassword.FindAllStringSubmatch(dsn, -1) {
-		secrets = append(secrets, m[1])
-	}
-	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
-		secrets = append(secrets, m[1], strings.Trim(m[1], "'"))
-	}
-	for _, sec := range secrets {
-		if sec != "" {
-			s = strings.ReplaceAll(s, sec, "xxxxx")
-		}
-	}
-	return s
-}
+// DSN returns a Connector for a PostgreSQL connection string; see
+// leader.DSN. A string that does not parse makes New fail, and the error
+// never shows the password.
+func DSN(dsn string) Connector { return leader.DSN(dsn) }
 
 // Callbacks are the elector's hooks. Only OnElected is required.
 type Callbacks struct {
@@ -215,12 +150,7 @@ func (c *Config) setDefaults() {
 		c.Fencing.Table = leader.DefaultTermsTable
 	}
 	if c.Identity == "" {
-		host, _ := os.Hostname()
-		suffix := fmt.Sprintf("-%d", os.Getpid())
-		if len(host)+len(suffix) > maxIdentityLen {
-			host = host[:maxIdentityLen-len(suffix)]
-		}
-		c.Identity = host + suffix
+		c.Identity = leader.DefaultIdentity()
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -264,8 +194,8 @@ func (c *Config) validate() error {
 			return bad("Fencing.Table", "%v", err)
 		}
 	}
-	if d, ok := c.Connect.(*dsnConnector); ok && d.err != nil {
-		return &ConfigError{Field: "Connect", Rule: d.err.Error()}
+	if err := leader.ConnectorError(c.Connect); err != nil {
+		return &ConfigError{Field: "Connect", Rule: err.Error()}
 	}
 	return nil
 }

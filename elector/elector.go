@@ -126,7 +126,7 @@ func New(cfg Config) (*Elector, error) {
 	}
 	e := &Elector{cfg: cfg, epoch: time.Now()}
 	e.log = cfg.Logger.With(zap.Stringer("key", cfg.Key), zap.String("identity", cfg.Identity))
-	e.tag = tagOf(cfg.Key)
+	e.tag = lockconn.TagOf(cfg.Key)
 	e.holderSQL = e.tag.HolderSQL()
 	e.acquireSQL = e.tag.AcquireSQL("pg_advisory_lock")
 	e.checkSQL = e.tag.CheckSQL()
@@ -277,12 +277,6 @@ func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
 	e.log.Info("connected", zap.Uint32("backend_pid", pid))
 	e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = true, time.Now(), "" })
 	return e.serve(ctx, conn, pid)
-}
-
-func tagOf(k leader.Key) lockconn.Tag {
-	c, o, sub := k.LockTag()
-	args, vals := k.SQLArgs(1)
-	return lockconn.Tag{ClassID: c, ObjID: o, ObjSubID: sub, Args: args, Vals: vals}
 }
 
 // setup configures the session in one round trip: application_name, the

@@ -126,22 +126,23 @@ func (r *recorder) checkPairs() {
 }
 
 // next returns the next event of kind (of any elector when id is ""),
-// waiting for it. Each (kind, id) query has its own cursor, so waiting for
-// one kind of event never skips another.
+// waiting for it. Cursors are kept per kind and per (kind, id), so waiting
+// for one kind of event never skips another, and an "any elector" query
+// starts after the last event of that kind already returned.
 func (r *recorder) next(kind, id string) event {
 	r.t.Helper()
 	timeout := time.After(waitLong)
-	q := kind + "|" + id
+	q, anyQ := kind+"|"+id, kind+"|"
 	for {
 		r.mu.Lock()
 		for i := r.cursor[q]; i < len(r.events); i++ {
 			if e := r.events[i]; e.kind == kind && (id == "" || e.id == id) {
 				r.cursor[q] = i + 1
+				r.cursor[anyQ] = max(r.cursor[anyQ], i+1)
 				r.mu.Unlock()
 				return e
 			}
 		}
-		r.cursor[q] = len(r.events)
 		changed := r.changed
 		r.mu.Unlock()
 		select {

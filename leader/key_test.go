@@ -40,6 +40,9 @@ func conn(t testing.TB) *pgx.Conn {
 }
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(testpg.ChildEnv); role != "" {
+		os.Exit(childMain(role))
+	}
 	code := m.Run()
 	if srv != nil {
 		srv.Close()

@@ -42,6 +42,19 @@ type Tag struct {
 	Vals           []any
 }
 
+// KeyLike is what a leader.Key offers (lockconn cannot import leader).
+type KeyLike interface {
+	LockTag() (classid, objid uint32, objsubid int16)
+	SQLArgs(first int) (string, []any)
+}
+
+// TagOf builds the Tag of a key.
+func TagOf(k KeyLike) Tag {
+	c, o, s := k.LockTag()
+	args, vals := k.SQLArgs(1)
+	return Tag{ClassID: c, ObjID: o, ObjSubID: s, Args: args, Vals: vals}
+}
+
 func (t Tag) where() string {
 	return fmt.Sprintf("l.locktype = 'advisory' AND l.classid = %d AND l.objid = %d AND l.objsubid = %d", t.ClassID, t.ObjID, t.ObjSubID)
 }

@@ -93,7 +93,9 @@ func StartChild(t testing.TB, role string, env ...string) *Child {
 		t.Fatalf("start child %s: %v", role, err)
 	}
 	c := &Child{t: t, cmd: cmd, stdin: stdin, events: make(chan Event, 1024), done: make(chan struct{})}
+	readDone := make(chan struct{})
 	go func() {
+		defer close(readDone)
 		defer close(c.events)
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -105,10 +107,17 @@ func StartChild(t testing.TB, role string, env ...string) *Child {
 			c.mu.Lock()
 			c.log = append(c.log, e)
 			c.mu.Unlock()
-			c.events <- e
+			select {
+			case c.events <- e:
+			default: // nobody is waiting for that many events; Log keeps them
+			}
 		}
 	}()
-	go func() { cmd.Wait(); close(c.done) }()
+	go func() {
+		<-readDone // Wait closes the pipe: read it to the end first
+		cmd.Wait()
+		close(c.done)
+	}()
 	t.Cleanup(func() {
 		c.Signal(syscall.SIGCONT)
 		c.Signal(syscall.SIGKILL)
@@ -134,17 +143,25 @@ func (c *Child) Done() <-chan struct{} { return c.done }
 
 // Wait waits for the next event named ev, skipping others, until ctx ends.
 func (c *Child) Wait(ctx context.Context, ev string) (Event, error) {
+	return c.WaitAny(ctx, ev)
+}
+
+// WaitAny waits for the next event named any of evs, skipping others, until
+// ctx ends.
+func (c *Child) WaitAny(ctx context.Context, evs ...string) (Event, error) {
 	for {
 		select {
 		case e, ok := <-c.events:
 			if !ok {
-				return Event{}, fmt.Errorf("child exited before event %q", ev)
+				return Event{}, fmt.Errorf("child exited before event %q", evs)
 			}
-			if e.Ev == ev {
-				return e, nil
+			for _, ev := range evs {
+				if e.Ev == ev {
+					return e, nil
+				}
 			}
 		case <-ctx.Done():
-			return Event{}, fmt.Errorf("waiting for child event %q: %w", ev, ctx.Err())
+			return Event{}, fmt.Errorf("waiting for child event %q: %w", evs, ctx.Err())
 		}
 	}
 }

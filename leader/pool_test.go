@@ -1,0 +1,137 @@
+package leader_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+func guardedPool(t testing.TB, g leader.PoolGuard) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	leader.GuardPool(cfg, g)
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// crashingJob takes a session lock on a pooled connection and "crashes"
+// before unlocking: the connection goes back to the pool holding it.
+func crashingJob(t *testing.T, p *pgxpool.Pool, key leader.Key) (pid uint32) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	args, vals := key.SQLArgs(1)
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock("+args+")", vals...).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() { recover() }()
+		panic("job crashed between lock and unlock")
+	}()
+	return pid
+}
+
+func TestPoolGuard(t *testing.T) {
+	for _, mode := range []leader.GuardMode{leader.GuardUnlock, leader.GuardDestroy, leader.GuardUnlockBlind} {
+		name := map[leader.GuardMode]string{leader.GuardUnlock: "unlock", leader.GuardDestroy: "destroy", leader.GuardUnlockBlind: "blind"}[mode]
+		destroy := mode == leader.GuardDestroy
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			var leaks atomic.Int32
+			p := guardedPool(t, leader.PoolGuard{Mode: mode, OnLeak: func(_ *pgx.Conn, n int) { leaks.Add(int32(n)) }})
+			key := leader.KeyFromName(t.Name())
+			leakedPid := crashingJob(t, p, key)
+			// The next user of the pool must not hold the lock.
+			c, err := p.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Release()
+			var pid uint32
+			var held int
+			if err := c.QueryRow(ctx, "SELECT pg_backend_pid(), (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())").Scan(&pid, &held); err != nil {
+				t.Fatal(err)
+			}
+			if held != 0 {
+				t.Fatalf("reused connection holds %d advisory locks", held)
+			}
+			if destroy == (pid == leakedPid) {
+				t.Fatalf("destroy=%v but the backend pid went from %d to %d", destroy, leakedPid, pid)
+			}
+			h, err := leader.Holder(ctx, conn(t), key)
+			if err != nil || h.Held {
+				t.Fatalf("the leaked lock is still held: %+v %v", h, err)
+			}
+			if want := map[bool]int32{true: 0, false: 1}[mode == leader.GuardUnlockBlind]; leaks.Load() != want {
+				t.Fatalf("OnLeak saw %d locks, want %d", leaks.Load(), want)
+			}
+		})
+	}
+}
+
+// The cost of the guard per acquire/release cycle, against a plain pool.
+//
+//	go test -run '^$' -bench PoolAcquireRelease ./leader/
+func BenchmarkPoolAcquireRelease(b *testing.B) {
+	for _, query := range []bool{false, true} {
+		for _, mode := range []string{"plain", "guard-unlock", "guard-destroy", "guard-blind"} {
+			name := mode
+			if query {
+				name += "+select1"
+			}
+			b.Run(name, func(b *testing.B) { benchPool(b, mode, query) })
+		}
+	}
+}
+
+func benchPool(b *testing.B, mode string, query bool) {
+	{
+		{
+			cfg, err := pgxpool.ParseConfig(server(b).DSN())
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.MaxConns = 1
+			if m, ok := map[string]leader.GuardMode{"guard-unlock": leader.GuardUnlock,
+				"guard-destroy": leader.GuardDestroy, "guard-blind": leader.GuardUnlockBlind}[mode]; ok {
+				leader.GuardPool(cfg, leader.PoolGuard{Mode: m})
+			}
+			p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				c, err := p.Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if query {
+					if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+						b.Fatal(err)
+					}
+				}
+				c.Release()
+			}
+		}
+	}
+}

@@ -1,0 +1,252 @@
+package leader_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+const waitLong = 30 * time.Second
+
+// childMain: role "tryrun" waits for "go" on stdin, then calls TryRun; its
+// fn reports "running" and holds the lock until "finish" arrives.
+func childMain(role string) int {
+	em := testpg.NewEmitter(os.Stdout)
+	if role != "tryrun" {
+		fmt.Fprintf(os.Stderr, "unknown role %q\n", role)
+		return 2
+	}
+	lines := make(chan string, 4)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	em.Emit(testpg.Event{Ev: "started"})
+	if <-lines != "go" {
+		return 2
+	}
+	err := leader.TryRun(context.Background(), leader.DSN(os.Getenv("CHILD_DSN")), leader.KeyFromName(os.Getenv("CHILD_KEY")),
+		leader.RunOptions{Identity: os.Getenv("CHILD_ID")}, func(ctx context.Context) error {
+			em.Emit(testpg.Event{Ev: "running"})
+			<-lines // "finish", or stdin closed
+			return nil
+		})
+	switch {
+	case err == nil:
+		em.Emit(testpg.Event{Ev: "ran"})
+	case errors.Is(err, leader.ErrLockHeld):
+		em.Emit(testpg.Event{Ev: "skipped", Data: err.Error()})
+	default:
+		em.Emit(testpg.Event{Ev: "error", Err: err.Error()})
+	}
+	return 0
+}
+
+// 20 concurrent runners with their own connections: exactly one runs the
+// job, the others are told it is held, and by whom.
+func TestTryRunExactlyOnceGoroutines(t *testing.T) {
+	dsn := server(t).DSN()
+	key := leader.KeyFromName(t.Name())
+	const n = 20
+	var ran, skipped atomic.Int32
+	allSkipped := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{Identity: fmt.Sprintf("runner-%d", i)},
+				func(ctx context.Context) error {
+					ran.Add(1)
+					select { // hold the lock until every other runner has tried
+					case <-allSkipped:
+					case <-time.After(waitLong):
+					}
+					return nil
+				})
+			if errors.Is(err, leader.ErrLockHeld) {
+				var he *leader.HeldError
+				if !errors.As(err, &he) || !strings.HasPrefix(he.Holder.Identity, "runner-") {
+					errs <- fmt.Errorf("skipped without the holder: %v", err)
+				}
+				if skipped.Add(1) == n-1 {
+					close(allSkipped)
+				}
+				return
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if ran.Load() != 1 || skipped.Load() != n-1 {
+		t.Fatalf("ran %d, skipped %d; want 1 and %d", ran.Load(), skipped.Load(), n-1)
+	}
+}
+
+// The same with 20 separate processes.
+func TestTryRunExactlyOnceProcesses(t *testing.T) {
+	dsn := server(t).DSN()
+	key := leader.KeyFromName(t.Name())
+	const n = 20
+	kids := make([]*testpg.Child, n)
+	for i := range kids {
+		kids[i] = testpg.StartChild(t, "tryrun", "CHILD_DSN="+dsn, "CHILD_KEY="+key.Name(), fmt.Sprintf("CHILD_ID=proc-%d", i))
+	}
+	for _, k := range kids {
+		if _, err := k.WaitTimeout("started", waitLong); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range kids {
+		k.Send("go")
+	}
+	// Every child reports either running (then ran) or skipped.
+	outcome := make(chan string, n)
+	for _, k := range kids {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+			defer cancel()
+			e, err := k.WaitAny(ctx, "running", "skipped", "error")
+			if err != nil {
+				outcome <- err.Error()
+				return
+			}
+			outcome <- e.Ev + e.Err
+		}()
+	}
+	counts := map[string]int{}
+	for i := 0; i < n; i++ {
+		counts[<-outcome]++
+	}
+	if counts["running"] != 1 || counts["skipped"] != n-1 {
+		t.Fatalf("outcomes %v; want 1 running and %d skipped", counts, n-1)
+	}
+	for _, k := range kids {
+		k.Send("finish")
+	}
+	for _, k := range kids {
+		<-k.Done()
+	}
+	ranCount := 0
+	for _, k := range kids {
+		for _, e := range k.Log() {
+			if e.Ev == "ran" {
+				ranCount++
+			}
+		}
+	}
+	if ranCount != 1 {
+		t.Fatalf("%d processes ran the job", ranCount)
+	}
+}
+
+// The lock is released on return, on error and on panic.
+func TestTryRunReleases(t *testing.T) {
+	dsn := server(t).DSN()
+	key := leader.KeyFromName(t.Name())
+	c := leader.DSN(dsn)
+	ctx := context.Background()
+	boom := errors.New("boom")
+	if err := leader.TryRun(ctx, c, key, leader.RunOptions{}, func(context.Context) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("want fn's error, got %v", err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != "kaboom" {
+				t.Fatalf("panic not re-raised: %v", r)
+			}
+		}()
+		leader.TryRun(ctx, c, key, leader.RunOptions{}, func(context.Context) error { panic("kaboom") })
+	}()
+	ran := false
+	if err := leader.TryRun(ctx, c, key, leader.RunOptions{}, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("after an error and a panic the lock should be free: ran=%v err=%v", ran, err)
+	}
+	h, err := leader.Holder(ctx, conn(t), key)
+	if err != nil || h.Held {
+		t.Fatalf("lock still held: %+v %v", h, err)
+	}
+}
+
+// When the connection is lost while fn runs, fn's context is cancelled and
+// TryRun reports it.
+func TestTryRunCancelsOnConnectionLoss(t *testing.T) {
+	s := server(t)
+	key := leader.KeyFromName(t.Name())
+	started := make(chan struct{})
+	var cause error
+	done := make(chan error, 1)
+	go func() {
+		done <- leader.TryRun(context.Background(), leader.DSN(s.DSN()), key, leader.RunOptions{Identity: "doomed-job", CheckInterval: 100 * time.Millisecond},
+			func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done()
+				cause = context.Cause(ctx)
+				return ctx.Err()
+			})
+	}()
+	<-started
+	if n, err := s.TerminateBackend(context.Background(), "doomed-job"); err != nil || n != 1 {
+		t.Fatalf("terminate: %d %v", n, err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, leader.ErrConnectionLost) || !errors.Is(cause, leader.ErrConnectionLost) {
+			t.Fatalf("want ErrConnectionLost, got %v (cause %v)", err, cause)
+		}
+	case <-time.After(waitLong):
+		t.Fatal("fn not cancelled after the connection was lost")
+	}
+}
+
+// With Wait, a runner waits for the lock and runs once it is released.
+func TestTryRunWait(t *testing.T) {
+	dsn := server(t).DSN()
+	key := leader.KeyFromName(t.Name())
+	holding := make(chan struct{})
+	release := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{}, func(context.Context) error {
+			close(holding)
+			<-release
+			return nil
+		})
+	}()
+	<-holding
+	if err := leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{Wait: 50 * time.Millisecond},
+		func(context.Context) error { return nil }); !errors.Is(err, leader.ErrLockHeld) {
+		t.Fatalf("short wait: want ErrLockHeld, got %v", err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		second <- leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{Wait: waitLong}, func(context.Context) error { return nil })
+	}()
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("waiting runner: %v", err)
+	}
+}

@@ -1,0 +1,186 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+func pool(t testing.TB, max int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = max
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// The entity lock serialises a read-modify-write: no lost updates.
+func TestLockTxSerialisesReadModifyWrite(t *testing.T) {
+	p := pool(t, 10)
+	ctx := context.Background()
+	if _, err := p.Exec(ctx, `CREATE TABLE IF NOT EXISTS counters (id int PRIMARY KEY, n int NOT NULL); INSERT INTO counters VALUES (7, 0) ON CONFLICT (id) DO UPDATE SET n = 0`); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 8, 25
+	const confirm = 1
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				lctx, cancel := context.WithTimeout(ctx, waitLong)
+				err := pgx.BeginFunc(lctx, p, func(tx pgx.Tx) error {
+					if err := leader.LockTx(lctx, tx, leader.PairKey(confirm, 7)); err != nil {
+						return err
+					}
+					var n int
+					if err := tx.QueryRow(lctx, `SELECT n FROM counters WHERE id = 7`).Scan(&n); err != nil {
+						return err
+					}
+					_, err := tx.Exec(lctx, `UPDATE counters SET n = $1 WHERE id = 7`, n+1)
+					return err
+				})
+				cancel()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var n int
+	if err := p.QueryRow(ctx, `SELECT n FROM counters WHERE id = 7`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != workers*each {
+		t.Fatalf("counter %d, want %d: lost updates", n, workers*each)
+	}
+}
+
+// Namespaces keep workflows apart; a bounded wait ends cleanly and leaves
+// the connection healthy with its lock_timeout restored.
+func TestLockTxNamespacesAndTimeouts(t *testing.T) {
+	p := pool(t, 4)
+	ctx := context.Background()
+	const confirm, refund = 1, 2
+	holder, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if ok, err := leader.TryLockTx(ctx, holder, leader.PairKey(confirm, 7)); err != nil || !ok {
+		t.Fatalf("TryLockTx on a free key: %v %v", ok, err)
+	}
+
+	// "refund order 7" does not wait for "confirm order 7".
+	other, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, "SET LOCAL lock_timeout = '4321ms'"); err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if err := leader.LockTx(lctx, other, leader.PairKey(refund, 7)); err != nil {
+		t.Fatalf("other namespace blocked: %v", err)
+	}
+	cancel()
+	var lt string
+	if err := other.QueryRow(ctx, "SHOW lock_timeout").Scan(&lt); err != nil || lt != "4321ms" {
+		t.Fatalf("lock_timeout not restored: %q %v", lt, err)
+	}
+	if ok, err := leader.TryLockTx(ctx, other, leader.PairKey(confirm, 7)); err != nil || ok {
+		t.Fatalf("TryLockTx on a held key: %v %v", ok, err)
+	}
+	other.Rollback(ctx)
+
+	// A blocking wait without a deadline is refused; with one it ends as
+	// ErrLockHeld, on the server, leaving the connection usable.
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.LockTx(ctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, leader.ErrNoDeadline) {
+		t.Fatalf("no deadline: %v", err)
+	}
+	lctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := leader.LockTx(lctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, leader.ErrLockHeld) {
+		t.Fatalf("held key: want ErrLockHeld, got %v", err)
+	}
+	tx.Rollback(ctx)
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("connection unusable after a lock timeout: %v", err)
+	}
+}
+
+// Idempotency: duplicates that arrive together get ErrInProgress; after the
+// first commits, the next one runs (and sees the work done).
+func TestRunTxIdempotency(t *testing.T) {
+	p := pool(t, 4)
+	ctx := context.Background()
+	if _, err := p.Exec(ctx, `CREATE TABLE IF NOT EXISTS processed (event_id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	const webhooks = 3
+	key := leader.PairKey(webhooks, 1001)
+	handle := func(inside func()) (string, error) {
+		outcome := ""
+		err := leader.RunTx(ctx, p, key, func(ctx context.Context, tx pgx.Tx) error {
+			var done bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed WHERE event_id = 1001)`).Scan(&done); err != nil {
+				return err
+			}
+			if done {
+				outcome = "duplicate"
+				return nil
+			}
+			inside()
+			outcome = "processed"
+			_, err := tx.Exec(ctx, `INSERT INTO processed VALUES (1001)`)
+			return err
+		})
+		return outcome, err
+	}
+	inFirst := make(chan struct{})
+	release := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := handle(func() { close(inFirst); <-release })
+		first <- err
+	}()
+	<-inFirst
+	for i := 0; i < 3; i++ {
+		if _, err := handle(func() {}); !errors.Is(err, leader.ErrInProgress) {
+			t.Fatalf("concurrent duplicate: want ErrInProgress, got %v", err)
+		}
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if out, err := handle(func() {}); err != nil || out != "duplicate" {
+		t.Fatalf("after the first committed: %q %v", out, err)
+	}
+}
