@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/pgleader/pgleader/internal/fleet"
+)
+
+// cmdCandidate is the hidden subcommand behind demo and bench: one elector
+// in its own process, reporting events on stdout.
+func cmdCandidate(args []string, stdout, stderr io.Writer) error {
+	fs, dsn := newFlags("candidate", "candidate (internal: used by demo and bench)", "", stderr)
+	var o fleet.Options
+	fs.StringVar(&o.Key, "key", "", "lock name")
+	fs.StringVar(&o.ID, "id", "", "identity")
+	fs.DurationVar(&o.Interval, "interval", 0, "renew interval")
+	fs.DurationVar(&o.Deadline, "deadline", 0, "renew deadline")
+	fs.DurationVar(&o.Lease, "lease", 0, "lease")
+	fs.BoolVar(&o.Fencing, "fencing", false, "fencing terms")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o.DSN = *dsn
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return fleet.RunCandidate(ctx, o, os.Stdin, stdout)
+}

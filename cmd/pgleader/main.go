@@ -1,0 +1,146 @@
+// Command pgleader shows who leads what, runs commands under an advisory
+// lock or an election, and demonstrates failover on a throwaway
+// PostgreSQL.
+//
+//	pgleader status [--json] [--watch]      list every advisory lock, holder and waiters
+//	pgleader lock NAME -- cmd args...       run cmd once if the lock is free (like flock -n)
+//	pgleader elect NAME -- cmd args...      run cmd while this process leads (active/passive)
+//	pgleader demo                           3 electors, a resign, a killed leader, a killed backend
+//	pgleader bench                          measure failover (see docs/benchmarks.md)
+//
+// Every subcommand takes --dsn, or $DATABASE_URL. Exit codes: 0 success;
+// 1 error; 2 usage; 75 lock held (lock, without --wait or after it); lock
+// and elect otherwise pass the command's exit code through (128+signal when
+// it was killed by a signal).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitLockHeld = 75 // EX_TEMPFAIL: try again later
+)
+
+const usage = `pgleader: leader election and advisory locks on PostgreSQL
+
+Usage:
+  pgleader status [--dsn DSN] [--json] [--watch] [--name NAME]...
+  pgleader lock   [--dsn DSN] [--wait DURATION] NAME -- COMMAND [ARGS...]
+  pgleader elect  [--dsn DSN] [--grace DURATION] NAME -- COMMAND [ARGS...]
+  pgleader demo   [--dsn DSN]
+  pgleader bench  [--dsn DSN] [--runs N] [--scenarios LIST] [--json]
+
+Every subcommand takes --dsn or $DATABASE_URL. "pgleader CMD --help" shows
+a subcommand's flags and examples.
+
+Exit codes:
+  0   success
+  1   error (connection, SQL, ...)
+  2   usage error
+  75  lock held by another session (lock without --wait, or --wait ran out)
+  N   lock and elect pass the command's exit code through; 128+SIG when the
+      command was killed by signal SIG
+`
+
+// usageError marks errors that exit with exitUsage.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// exitCode carries a specific exit code out of a subcommand.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit code %d", int(e)) }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmds := map[string]func([]string, io.Writer, io.Writer) error{
+		"status":    cmdStatus,
+		"lock":      cmdLock,
+		"elect":     cmdElect,
+		"demo":      cmdDemo,
+		"bench":     cmdBench,
+		"candidate": cmdCandidate,
+	}
+	name := args[0]
+	if name == "help" || name == "-h" || name == "--help" {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	f, ok := cmds[name]
+	if !ok {
+		fmt.Fprintf(stderr, "pgleader: unknown command %q\n\n%s", name, usage)
+		return exitUsage
+	}
+	err := f(args[1:], stdout, stderr)
+	var code exitCode
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &code):
+		return int(code)
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "pgleader %s: %v\n", name, err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "pgleader %s: %v\n", name, err)
+		return exitError
+	}
+}
+
+// newFlags makes a FlagSet with --dsn and a usage text with examples.
+func newFlags(name, synopsis, examples string, stderr io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("pgleader "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dsn := fs.String("dsn", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: pgleader %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+		if examples != "" {
+			fmt.Fprintf(stderr, "\nExamples:\n%s", examples)
+		}
+	}
+	return fs, dsn
+}
+
+func needDSN(dsn string) error {
+	if strings.TrimSpace(dsn) == "" {
+		return usageError{"no database: pass --dsn or set DATABASE_URL"}
+	}
+	return nil
+}
+
+// splitCommand splits "NAME -- cmd args..." (the "--" is optional).
+func splitCommand(rest []string) (name string, cmd []string, err error) {
+	if len(rest) == 0 {
+		return "", nil, usageError{"missing NAME"}
+	}
+	name, rest = rest[0], rest[1:]
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	if len(rest) == 0 {
+		return "", nil, usageError{"missing COMMAND after NAME --"}
+	}
+	return name, rest, nil
+}

@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+var (
+	bin     string // the built CLI
+	srvOnce sync.Once
+	srv     *testpg.Server
+	srvErr  error
+)
+
+func server(t testing.TB) *testpg.Server {
+	t.Helper()
+	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
+	if srvErr != nil {
+		t.Fatalf("%v", srvErr)
+	}
+	return srv
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pgleader-cli-")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "pgleader")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the CLI: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if srv != nil {
+		srv.Close()
+	}
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+const waitLong = 30 * time.Second
+
+// cli runs the binary to completion and returns its exit code and output.
+func cli(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	done := make(chan struct{})
+	timer := time.AfterFunc(2*waitLong, func() { cmd.Process.Kill() })
+	defer timer.Stop()
+	err := cmd.Run()
+	close(done)
+	return exitStatus(err), out.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  []string
+		code int
+		want string
+	}{
+		{nil, nil, exitUsage, "Usage"},
+		{[]string{"frobnicate"}, nil, exitUsage, "unknown command"},
+		{[]string{"lock", "--dsn", "postgres://x@127.0.0.1:1/db"}, nil, exitUsage, "missing NAME"},
+		{[]string{"lock", "--dsn", "postgres://x@127.0.0.1:1/db", "name"}, nil, exitUsage, "missing COMMAND"},
+		{[]string{"status"}, []string{"DATABASE_URL="}, exitUsage, "no database"},
+		{[]string{"lock", "--help"}, nil, exitOK, "Examples"},
+		{[]string{"status", "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"}, nil, exitError, "failed to connect"},
+	} {
+		code, out := cli(t, tc.env, tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("pgleader %v: exit %d, want %d; output %q should contain %q", tc.args, code, tc.code, out, tc.want)
+		}
+		if strings.Contains(out, "hunter2") {
+			t.Errorf("pgleader %v: password in output: %s", tc.args, out)
+		}
+	}
+}
+
+// lock: one run, exit 75 while held, the exit code passed through, --wait.
+func TestLock(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "release")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	started := filepath.Join(dir, "started")
+	holder := exec.Command(bin, "lock", "--dsn", dsn, "--identity", "holder", "job", "--",
+		"sh", "-c", fmt.Sprintf("touch %s; read x < %s; exit 3", started, fifo))
+	var hout bytes.Buffer
+	holder.Stdout, holder.Stderr = &hout, &hout
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, started)
+
+	code, out := cli(t, nil, "lock", "--dsn", dsn, "job", "--", "sh", "-c", "echo should-not-run")
+	if code != exitLockHeld || strings.Contains(out, "should-not-run") || !strings.Contains(out, "held by holder") {
+		t.Fatalf("second lock: exit %d, output %q", code, out)
+	}
+	// A waiter runs once the holder is done.
+	waiter := exec.Command(bin, "lock", "--dsn", dsn, "--wait", "30s", "job", "--", "sh", "-c", "echo waited-and-ran")
+	var wout bytes.Buffer
+	waiter.Stdout, waiter.Stderr = &wout, &wout
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitWaiting(t, dsn, leader.KeyFromName("job"))
+	if err := os.WriteFile(fifo, []byte("go\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitStatus(holder.Wait()); code != 3 {
+		t.Fatalf("holder: exit %d, want the command's 3; output %q", code, hout.String())
+	}
+	if code := exitStatus(waiter.Wait()); code != 0 || !strings.Contains(wout.String(), "waited-and-ran") {
+		t.Fatalf("waiter: exit %d, output %q", code, wout.String())
+	}
+}
+
+// elect: the command runs on the leader only, and moves to the other
+// replica when the leader is killed.
+func TestElectHandsOver(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "runs")
+	start := func(id string) *exec.Cmd {
+		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--renew-interval", "100ms",
+			"--renew-deadline", "500ms", "--lease", "1500ms", "svc", "--",
+			"sh", "-c", fmt.Sprintf("echo %s >> %s; exec sleep 600", id, log))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	a := start("replica-a")
+	waitLines(t, log, 1)
+	b := start("replica-b")
+	waitWaiting(t, dsn, leader.KeyFromName("svc"))
+	first := strings.TrimSpace(readFile(t, log))
+	victim, heir := a, "replica-b"
+	if first == "replica-b" {
+		victim, heir = b, "replica-a"
+	}
+	victim.Process.Kill()
+	victim.Wait()
+	lines := waitLines(t, log, 2)
+	if lines[1] != heir {
+		t.Fatalf("runs %v; want %s to run the command after the kill", lines, heir)
+	}
+	// The killed supervisor's command died with it: only one sleep runs.
+	if n := countProcs(t, "sleep 600"); n != 1 {
+		t.Fatalf("%d commands running after the handover, want 1", n)
+	}
+}
+
+// status --json shows the holder and the waiters, and the name.
+func TestStatusJSON(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	key := leader.KeyFromName("status-test")
+	args, vals := key.SQLArgs(1)
+	connAs := func(app string) *pgx.Conn {
+		c, err := pgx.Connect(ctx, s.DSN()+"&application_name="+app)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	if _, err := connAs("status-holder").Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	w := connAs("status-waiter")
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); w.Exec(wctx, "SELECT pg_advisory_lock("+args+")", vals...) }()
+	defer func() { cancel(); <-done }()
+	waitWaiting(t, s.DSN(), key)
+	code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json", "--name", "status-test")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	var locks []lockStatus
+	if err := json.Unmarshal([]byte(out), &locks); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, l := range locks {
+		if l.Name == "status-test" {
+			if l.Holder == nil || l.Holder.Identity != "status-holder" || len(l.Waiters) != 1 || l.Waiters[0].Identity != "status-waiter" {
+				t.Fatalf("status: %s", out)
+			}
+			code, out = cli(t, nil, "status", "--dsn", s.DSN(), "--name", "status-test")
+			if code != 0 || !strings.Contains(out, "status-holder") || !strings.Contains(out, "status-waiter") {
+				t.Fatalf("table: %s", out)
+			}
+			return
+		}
+	}
+	t.Fatalf("lock not listed: %s", out)
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+func waitLines(t *testing.T, path string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for {
+		lines := strings.Fields(readFile(t, path))
+		if len(lines) >= n {
+			return lines
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s has %d lines, want %d", path, len(lines), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func waitWaiting(t *testing.T, dsn string, key leader.Key) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	deadline := time.Now().Add(waitLong)
+	for {
+		h, err := leader.Holder(context.Background(), conn, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Held && len(h.Waiters) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody waits for %s", key)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func countProcs(t *testing.T, cmdline string) int {
+	t.Helper()
+	n := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ") == cmdline {
+			n++
+		}
+	}
+	return n
+}
+
+// demo runs its three handovers against a given server.
+func TestDemo(t *testing.T) {
+	code, out := cli(t, nil, "demo", "--dsn", server(t).DSN())
+	if code != 0 {
+		t.Fatalf("demo: exit %d\n%s", code, out)
+	}
+	for _, want := range []string{"after the resign", "after the SIGKILL", "after the pg_terminate_backend", "handover times"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	t.Log(out)
+}

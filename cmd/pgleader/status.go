@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// lockStatus is one advisory lock: its holder and its waiters.
+type lockStatus struct {
+	Key     string          `json:"key"`
+	Name    string          `json:"name,omitempty"`
+	Holder  *sessionStatus  `json:"holder"`
+	Waiters []sessionStatus `json:"waiters"`
+	Term    int64           `json:"term,omitempty"`
+}
+
+type sessionStatus struct {
+	Identity string `json:"identity"`
+	PID      uint32 `json:"pid"`
+	User     string `json:"user"`
+	// HeldSince is when the lock was granted, known from the fencing terms
+	// table; otherwise the session's start (an upper bound), and
+	// HeldSinceExact is false.
+	HeldSince      *time.Time `json:"held_since,omitempty"`
+	HeldSinceExact bool       `json:"held_since_exact"`
+	// WaitingSince is when a waiter started waiting (PostgreSQL 14+).
+	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+}
+
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
+	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T]",
+		`  pgleader status                         # who holds what, who waits
+  pgleader status --json | jq .           # machine-readable
+  pgleader status --watch                 # redraw on every change
+  pgleader status --name billing-consumer # show this name for its key
+`, stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	watch := fs.Bool("watch", false, "redraw whenever the locks change")
+	interval := fs.Duration("interval", time.Second, "poll interval for --watch")
+	table := fs.String("terms-table", leader.DefaultTermsTable, "fencing terms table to read names, terms and election times from, if it exists")
+	var names multiFlag
+	fs.Var(&names, "name", "a lock name to recognise (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := needDSN(*dsn); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	conn, err := pgx.Connect(ctx, *dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	known := map[string]string{} // key (as numbers) -> name
+	for _, n := range names {
+		known[leader.KeyFromLockTag(leader.KeyFromName(n).LockTag()).String()] = n
+	}
+	last := ""
+	for {
+		locks, err := readStatus(ctx, conn, *table, known)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		var out strings.Builder
+		if *asJSON {
+			b, _ := json.MarshalIndent(locks, "", "  ")
+			out.Write(b)
+			out.WriteString("\n")
+		} else {
+			renderStatus(&out, locks)
+		}
+		if !*watch {
+			fmt.Fprint(stdout, out.String())
+			return nil
+		}
+		if s := out.String(); s != last {
+			fmt.Fprint(stdout, "\x1b[H\x1b[2J"+time.Now().Format(time.TimeOnly)+"\n"+s)
+			last = s
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*interval):
+		}
+	}
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func readStatus(ctx context.Context, conn *pgx.Conn, table string, known map[string]string) ([]*lockStatus, error) {
+	waitstart := "NULL::timestamptz"
+	if lockconn.ServerMajor(conn) >= 14 {
+		waitstart = "l.waitstart"
+	}
+	rows, err := conn.Query(ctx, `SELECT l.classid, l.objid, l.objsubid, l.granted, l.pid,
+  coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start, `+waitstart+`
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid())
+ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	byKey := map[leader.Key]*lockStatus{}
+	var order []*lockStatus
+	for rows.Next() {
+		var classid, objid uint32
+		var objsubid int16
+		var granted bool
+		var pid int32
+		var s sessionStatus
+		var start, wait *time.Time
+		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait); err != nil {
+			return nil, err
+		}
+		k := leader.KeyFromLockTag(classid, objid, objsubid)
+		ls := byKey[k]
+		if ls == nil {
+			ls = &lockStatus{Key: k.String(), Name: known[k.String()], Waiters: []sessionStatus{}}
+			byKey[k] = ls
+			order = append(order, ls)
+		}
+		s.PID = uint32(pid)
+		if granted && ls.Holder == nil {
+			s.HeldSince = start
+			ls.Holder = &s
+		} else if !granted {
+			s.WaitingSince = wait
+			ls.Waiters = append(ls.Waiters, s)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Names, terms and election times from the fencing table, when it
+	// exists and is readable.
+	if q, err := terms.Quote(table); err == nil && len(order) > 0 {
+		var exists bool
+		if conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')`, q).Scan(&exists) == nil && exists {
+			trows, err := conn.Query(ctx, `SELECT classid, objid, objsubid, key_name, term, holder, elected_at FROM `+q)
+			if err == nil {
+				for trows.Next() {
+					var classid, objid uint32
+					var objsubid int16
+					var name, holder string
+					var term int64
+					var at time.Time
+					if trows.Scan(&classid, &objid, &objsubid, &name, &term, &holder, &at) != nil {
+						continue
+					}
+					ls := byKey[leader.KeyFromLockTag(classid, objid, objsubid)]
+					if ls == nil {
+						continue
+					}
+					if ls.Name == "" {
+						if i := strings.LastIndex(name, "("); i > 0 {
+							ls.Name = name[:i]
+						}
+					}
+					if ls.Holder != nil && ls.Holder.Identity == holder {
+						ls.Term = term
+						ls.Holder.HeldSince, ls.Holder.HeldSinceExact = &at, true
+					}
+				}
+				trows.Close()
+			}
+		}
+	}
+	sort.SliceStable(order, func(i, j int) bool { return order[i].Key < order[j].Key })
+	return order, nil
+}
+
+func renderStatus(w io.Writer, locks []*lockStatus) {
+	if len(locks) == 0 {
+		fmt.Fprintln(w, "no advisory locks held or awaited in this database")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tNAME\tHOLDER\tPID\tUSER\tHELD FOR\tTERM\tWAITING")
+	now := time.Now()
+	for _, l := range locks {
+		holder, pid, user, held, term := "-", "-", "-", "-", "-"
+		if h := l.Holder; h != nil {
+			holder, pid, user = orDash(h.Identity), fmt.Sprint(h.PID), h.User
+			if h.HeldSince != nil {
+				held = now.Sub(*h.HeldSince).Round(time.Second).String()
+				if !h.HeldSinceExact {
+					held = "<" + held // the session's age: an upper bound
+				}
+			}
+		}
+		if l.Term > 0 {
+			term = fmt.Sprint(l.Term)
+		}
+		var waiting []string
+		for _, s := range l.Waiters {
+			w := fmt.Sprintf("%s(%d)", orDash(s.Identity), s.PID)
+			if s.WaitingSince != nil {
+				w += " " + now.Sub(*s.WaitingSince).Round(time.Millisecond).String()
+			}
+			waiting = append(waiting, w)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, orDash(l.Name), holder, pid, user, held, term, orDash(strings.Join(waiting, ", ")))
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
