@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -37,16 +37,11 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	dsn := os.Getenv("DATABASE_URL")
-	if dsn == "" {
-		fmt.Println("DATABASE_URL not set: starting a throwaway PostgreSQL ...")
-		srv, err := testpg.New(testpg.Options{})
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		dsn = srv.DSN()
+	dsn, release, err := exampledb.DSN()
+	if err != nil {
+		return err
 	}
+	defer release()
 
 	logger, _ := zap.NewDevelopment(zap.IncreaseLevel(zap.WarnLevel), zap.AddStacktrace(zap.DPanicLevel))
 	defer logger.Sync()

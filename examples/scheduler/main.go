@@ -1,0 +1,78 @@
+// Command scheduler runs three replicas of an app, each with an embedded
+// gocron scheduler. The job runs every second on exactly one of them: the
+// leader. Halfway through, the leader resigns and another one takes over.
+//
+//	go run ./examples/scheduler
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+
+	"github.com/pgleader/pgleader/contrib/gocronleader"
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/exampledb"
+	"github.com/pgleader/pgleader/leader"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	dsn, release, err := exampledb.DSN()
+	if err != nil {
+		return err
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }() // after the schedulers shut down
+	elected := make(chan *elector.Elector, 4)
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("replica-%d", i)
+		// One replica of the app: an elector and a scheduler.
+		var e *elector.Elector
+		e, err = elector.New(elector.Config{
+			Connect:  elector.DSN(dsn),
+			Key:      leader.KeyFromName("examples/scheduler"),
+			Identity: id,
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+				fmt.Printf("%s is the leader\n", l.Identity)
+				elected <- e
+				<-ctx.Done()
+			}},
+		})
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); e.Run(ctx) }()
+		s, err := gocron.NewScheduler(gocron.WithDistributedElector(gocronleader.New(e)))
+		if err != nil {
+			return err
+		}
+		if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
+			fmt.Printf("  %s  job run by %s\n", time.Now().Format("15:04:05"), id)
+		})); err != nil {
+			return err
+		}
+		s.Start()
+		defer s.Shutdown()
+	}
+	first := <-elected
+	time.Sleep(3500 * time.Millisecond)
+	fmt.Printf("%s resigns\n", first.Identity())
+	first.Resign(ctx)
+	<-elected
+	time.Sleep(3 * time.Second)
+	return nil
+}
