@@ -193,3 +193,10 @@ func TestHolderFindsHolderAndWaiters(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func BenchmarkKeyFromName(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		leader.KeyFromName("billing-consumer")
+	}
+}

@@ -1,9 +1,458 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgleader/pgleader/internal/fleet"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
 )
 
+// benchResult is one row of the bench table.
+type benchResult struct {
+	Scenario string    `json:"scenario"`
+	Metric   string    `json:"metric"`
+	Unit     string    `json:"unit"`
+	Runs     int       `json:"runs"`
+	P50      float64   `json:"p50"`
+	P90      float64   `json:"p90"`
+	P99      float64   `json:"p99"`
+	Max      float64   `json:"max"`
+	Min      float64   `json:"min"`
+	Target   string    `json:"target,omitempty"`
+	Values   []float64 `json:"values,omitempty"`
+}
+
+type bencher struct {
+	dsn     string
+	srv     *testpg.Server // nil with --dsn
+	exe     string
+	runs    int
+	out     io.Writer
+	results []benchResult
+	admin   *pgx.Conn
+	seq     int
+	// short timings for the partition and pause scenarios
+	interval, deadline, lease time.Duration
+}
+
 func cmdBench(args []string, stdout, stderr io.Writer) error {
-	return usageError{"bench is not built yet"}
+	fs, dsn := newFlags("bench", "bench [--dsn DSN] [--runs N] [--scenarios LIST] [--crowd N] [--idle D] [--json]",
+		`  pgleader bench                                   # every scenario on a throwaway PostgreSQL
+  pgleader bench --scenarios resign,kill --runs 100
+  pgleader bench --dsn "$DATABASE_URL" --scenarios resign,kill,backend --json
+Scenarios: resign kill backend partition pause restart crowd idle. partition,
+pause and idle put a TCP proxy in front of the server; restart needs the
+throwaway server.
+`, stderr)
+	runs := fs.Int("runs", 20, "runs per scenario")
+	scen := fs.String("scenarios", "resign,kill,backend,partition,pause,restart,crowd,idle", "comma-separated scenarios")
+	crowd := fs.Int("crowd", 200, "candidates in the crowd scenario")
+	crowdRuns := fs.Int("crowd-runs", 10, "runs per crowd handover kind")
+	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	progress := stderr
+	return withDatabase(*dsn, progress, testpg.Options{MaxConnections: *crowd + 40}, func(dsn string, srv *testpg.Server) error {
+		ctx := context.Background()
+		admin, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer admin.Close(ctx)
+		b := &bencher{dsn: dsn, srv: srv, exe: exe, runs: *runs, out: progress, admin: admin,
+			interval: 100 * time.Millisecond, deadline: 500 * time.Millisecond, lease: 1500 * time.Millisecond}
+		for _, s := range strings.Split(*scen, ",") {
+			var err error
+			fmt.Fprintf(progress, "bench: %s ...\n", s)
+			switch strings.TrimSpace(s) {
+			case "resign", "kill", "backend":
+				err = b.handover(s, 3, b.runs)
+			case "partition", "pause":
+				err = b.silent(s)
+			case "restart":
+				err = b.restart()
+			case "crowd":
+				if err = b.handover("crowd-resign", *crowd, *crowdRuns); err == nil {
+					err = b.handover("crowd-kill", *crowd, *crowdRuns)
+				}
+			case "idle":
+				err = b.idle(*idle)
+			default:
+				return usageError{fmt.Sprintf("unknown scenario %q", s)}
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(b.results)
+		}
+		renderBench(stdout, b.results)
+		return nil
+	})
+}
+
+func renderBench(w io.Writer, rs []benchResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tmetric\truns\tp50\tp90\tp99\tmax\tunit\ttarget\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%s\t%s\t\n", r.Scenario, r.Metric, r.Runs, r.P50, r.P90, r.P99, r.Max, r.Unit, r.Target)
+	}
+	tw.Flush()
+}
+
+func (b *bencher) add(scenario, metric, unit, target string, vals []float64) {
+	if len(vals) == 0 {
+		return
+	}
+	s := append([]float64(nil), vals...)
+	sort.Float64s(s)
+	q := func(p float64) float64 { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	b.results = append(b.results, benchResult{Scenario: scenario, Metric: metric, Unit: unit, Runs: len(s),
+		P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: s[len(s)-1], Min: s[0], Target: target, Values: vals})
+}
+
+func ms(d int64) float64 { return float64(d) / 1e6 }
+
+func (b *bencher) name(prefix string) string {
+	b.seq++
+	return fmt.Sprintf("pgleader-bench-%s-%d-%d", prefix, os.Getpid(), b.seq)
+}
+
+// handover measures resign, kill and backend handovers with n candidates.
+func (b *bencher) handover(kind string, n, runs int) error {
+	name := b.name(kind)
+	key := leader.KeyFromName(name)
+	f := fleet.New(b.exe)
+	defer f.StopAll()
+	next := 0
+	add := func() error {
+		next++
+		_, err := f.Add(fleet.Options{DSN: b.dsn, Key: name, ID: fmt.Sprintf("c%d", next)})
+		return err
+	}
+	for i := 0; i < n; i++ {
+		if err := add(); err != nil {
+			return err
+		}
+	}
+	cur, err := f.Next("elected", time.Minute)
+	if err != nil {
+		return err
+	}
+	var vals []float64
+	for run := 0; run < runs; run++ {
+		if err := waitQueued(context.Background(), b.admin, key, n-1); err != nil {
+			return err
+		}
+		began := testpg.Mono()
+		switch kind {
+		case "resign", "crowd-resign":
+			err = f.Get(cur.Identity).Send("resign")
+		case "kill", "crowd-kill":
+			c := f.Get(cur.Identity)
+			f.Remove(cur.Identity)
+			began = testpg.Mono()
+			err = c.Signal(syscall.SIGKILL)
+			if err == nil {
+				err = add()
+			}
+		case "backend":
+			_, err = b.admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", cur.Identity)
+		}
+		if err != nil {
+			return err
+		}
+		nxt, err := f.Next("elected", time.Minute, cur.Identity)
+		if err != nil {
+			return err
+		}
+		vals = append(vals, ms(nxt.Mono-began))
+		cur = nxt
+	}
+	target := map[string]string{"resign": "p99 <= 5", "kill": "p99 <= 50", "backend": "p99 <= 50",
+		"crowd-resign": "p99 <= 10", "crowd-kill": "p99 <= 100"}[kind]
+	b.add(kind, fmt.Sprintf("handover (%d candidates)", n), "ms", target, vals)
+	return nil
+}
+
+// proxyDSN points dsn at addr instead of its own host and port.
+func proxyDSN(dsn, addr string) (string, error) {
+	host, port, _ := strings.Cut(addr, ":")
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", err
+		}
+		u.Host = addr
+		return u.String(), nil
+	}
+	return dsn + " host=" + host + " port=" + port, nil
+}
+
+func serverAddr(dsn string) (string, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		return "", errors.New("the DSN uses a Unix socket; the proxy needs TCP")
+	}
+	return cfg.Host + ":" + strconv.Itoa(int(cfg.Port)), nil
+}
+
+// silent measures a partitioned (black-holed) or paused (SIGSTOP) leader:
+// the time from its last successful renew to the new leader's election,
+// and the margin between the old leader's step-down and that election.
+func (b *bencher) silent(kind string) error {
+	target, err := serverAddr(b.dsn)
+	if err != nil {
+		return err
+	}
+	name := b.name(kind)
+	key := leader.KeyFromName(name)
+	f := fleet.New(b.exe)
+	defer f.StopAll()
+	proxies := map[string]*testpg.Proxy{}
+	defer func() {
+		for _, p := range proxies {
+			p.Close()
+		}
+	}()
+	next := 0
+	add := func() error {
+		next++
+		id := fmt.Sprintf("s%d", next)
+		p, err := testpg.NewProxy(target)
+		if err != nil {
+			return err
+		}
+		proxies[id] = p
+		dsn, err := proxyDSN(b.dsn, p.Addr())
+		if err != nil {
+			return err
+		}
+		_, err = f.Add(fleet.Options{DSN: dsn, Key: name, ID: id, Interval: b.interval, Deadline: b.deadline, Lease: b.lease, Renews: true})
+		return err
+	}
+	for i := 0; i < 3; i++ {
+		if err := add(); err != nil {
+			return err
+		}
+	}
+	// Track each candidate's last renew from the event stream.
+	lastRenew := map[string]int64{}
+	nextOf := func(ev string, skip string) (fleet.Event, error) {
+		timeout := time.After(time.Minute)
+		for {
+			select {
+			case e := <-f.Events:
+				if e.Ev == "renewed" {
+					lastRenew[e.Identity] = e.Mono
+				}
+				if e.Ev == ev && e.Identity != skip {
+					return e, nil
+				}
+			case <-timeout:
+				return fleet.Event{}, fmt.Errorf("no %s event", ev)
+			}
+		}
+	}
+	cur, err := nextOf("elected", "")
+	if err != nil {
+		return err
+	}
+	var takeover, margin []float64
+	for run := 0; run < b.runs; run++ {
+		if err := waitQueued(context.Background(), b.admin, key, 2); err != nil {
+			return err
+		}
+		old := cur.Identity
+		if kind == "partition" {
+			proxies[old].Blackhole()
+		} else {
+			f.Get(old).Signal(syscall.SIGSTOP)
+		}
+		var stepped int64
+		if kind == "partition" {
+			ctxdone, err := nextOf("ctxdone", "")
+			if err != nil {
+				return err
+			}
+			stepped = ctxdone.Mono
+		}
+		nxt, err := nextOf("elected", old)
+		if err != nil {
+			return err
+		}
+		if kind == "pause" {
+			// A stopped process cannot step down; its trust window
+			// (IsLeader) ends RenewDeadline after its last renew.
+			stepped = lastRenew[old] + int64(b.deadline)
+			f.Get(old).Signal(syscall.SIGCONT)
+		} else {
+			proxies[old].Heal()
+		}
+		takeover = append(takeover, ms(nxt.Mono-lastRenew[old]))
+		margin = append(margin, ms(nxt.Mono-stepped))
+		cur = nxt
+	}
+	bound := fmt.Sprintf("<= %d (lease + interval)", (b.lease + b.interval).Milliseconds())
+	b.add(kind, "last renew -> new leader", "ms", bound, takeover)
+	m := "old leader stepped down -> new leader"
+	if kind == "pause" {
+		m = "old trust window ended -> new leader"
+	}
+	b.add(kind, m, "ms", ">= 0 every run", margin)
+	return nil
+}
+
+// restart measures the time from the server accepting connections after a
+// fast or immediate restart to a leader again.
+func (b *bencher) restart() error {
+	if b.srv == nil {
+		fmt.Fprintln(b.out, "bench: restart needs the throwaway server (no --dsn); skipped")
+		return nil
+	}
+	for _, mode := range []string{testpg.Fast, testpg.Immediate} {
+		name := b.name("restart")
+		f := fleet.New(b.exe)
+		for i := 0; i < 3; i++ {
+			if _, err := f.Add(fleet.Options{DSN: b.dsn, Key: name, ID: fmt.Sprintf("r%d", i)}); err != nil {
+				return err
+			}
+		}
+		if _, err := f.Next("elected", time.Minute); err != nil {
+			return err
+		}
+		var vals []float64
+		for run := 0; run < b.runs; run++ {
+			b.admin.Close(context.Background())
+			if err := b.srv.Restart(mode); err != nil {
+				return err
+			}
+			up := testpg.Mono()
+			e, err := f.Next("elected", time.Minute)
+			if err != nil {
+				return err
+			}
+			vals = append(vals, ms(e.Mono-up))
+			if b.admin, err = pgx.Connect(context.Background(), b.dsn); err != nil {
+				return err
+			}
+		}
+		f.StopAll()
+		b.add("restart-"+mode, "server accepts -> leader", "ms", "<= 1000", vals)
+	}
+	return nil
+}
+
+// idle measures what standing by costs: round trips, bytes, CPU and heap
+// of one leader and two followers (default timings) over d.
+func (b *bencher) idle(d time.Duration) error {
+	target, err := serverAddr(b.dsn)
+	if err != nil {
+		return err
+	}
+	name := b.name("idle")
+	f := fleet.New(b.exe)
+	defer f.StopAll()
+	proxies := map[string]*testpg.Proxy{}
+	defer func() {
+		for _, p := range proxies {
+			p.Close()
+		}
+	}()
+	for i := 0; i < 3; i++ {
+		id := fmt.Sprintf("i%d", i)
+		p, err := testpg.NewProxy(target)
+		if err != nil {
+			return err
+		}
+		proxies[id] = p
+		dsn, err := proxyDSN(b.dsn, p.Addr())
+		if err != nil {
+			return err
+		}
+		if _, err := f.Add(fleet.Options{DSN: dsn, Key: name, ID: id}); err != nil {
+			return err
+		}
+	}
+	lead, err := f.Next("elected", time.Minute)
+	if err != nil {
+		return err
+	}
+	if err := waitQueued(context.Background(), b.admin, leader.KeyFromName(name), 2); err != nil {
+		return err
+	}
+	type snap struct{ reads, bytes, cpu int64 }
+	take := func() (map[string]snap, error) {
+		m := map[string]snap{}
+		for id, p := range proxies {
+			f.Get(id).Send("stats")
+			m[id] = snap{reads: p.ReadsUp.Load(), bytes: p.BytesUp.Load() + p.BytesDown.Load()}
+		}
+		for range proxies {
+			e, err := f.Next("stats", 10*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			var heap, cpu int64
+			fmt.Sscan(e.Data, &heap, &cpu)
+			s := m[e.Identity]
+			s.cpu = cpu
+			m[e.Identity] = s
+		}
+		return m, nil
+	}
+	before, err := take()
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	time.Sleep(d)
+	after, err := take()
+	if err != nil {
+		return err
+	}
+	secs := time.Since(began).Seconds()
+	for _, role := range []string{"leader", "follower"} {
+		var rts, bytes, cpu []float64
+		for id := range proxies {
+			if (id == lead.Identity) != (role == "leader") {
+				continue
+			}
+			rts = append(rts, float64(after[id].reads-before[id].reads)/secs)
+			bytes = append(bytes, float64(after[id].bytes-before[id].bytes)/secs)
+			cpu = append(cpu, float64(after[id].cpu-before[id].cpu)/1e6/secs)
+		}
+		b.add("idle-"+role, "round trips per second", "1/s", "<= 1 (interval 1s)", rts)
+		b.add("idle-"+role, "bytes on the wire per second", "B/s", "", bytes)
+		b.add("idle-"+role, "CPU per second", "ms/s", "", cpu)
+	}
+	return nil
 }

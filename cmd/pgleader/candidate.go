@@ -21,6 +21,7 @@ func cmdCandidate(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.Deadline, "deadline", 0, "renew deadline")
 	fs.DurationVar(&o.Lease, "lease", 0, "lease")
 	fs.BoolVar(&o.Fencing, "fencing", false, "fencing terms")
+	fs.BoolVar(&o.Renews, "renews", false, "report every renew")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

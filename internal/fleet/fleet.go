@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,6 +37,9 @@ type Options struct {
 	Deadline time.Duration
 	Lease    time.Duration
 	Fencing  bool
+	// Renews makes the candidate report every successful renew ("renewed",
+	// stamped with when the renew was sent).
+	Renews bool
 }
 
 // Args renders o as the candidate subcommand's arguments.
@@ -46,6 +50,9 @@ func (o Options) Args() []string {
 	}
 	if o.Fencing {
 		a = append(a, "--fencing")
+	}
+	if o.Renews {
+		a = append(a, "--renews")
 	}
 	return a
 }
@@ -71,6 +78,9 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 		RenewInterval: o.Interval, RenewDeadline: o.Deadline, LeaseDuration: o.Lease,
 		Fencing: elector.Fencing{Enabled: o.Fencing},
 	}
+	if o.Renews {
+		cfg.Observer = renewReporter{em: em, id: o.ID}
+	}
 	e, err := elector.New(cfg)
 	if err != nil {
 		return err
@@ -89,6 +99,13 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 			case "exit":
 				cancel()
 				return
+			case "stats":
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				var ru syscall.Rusage
+				syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+				cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d", ms.HeapAlloc, cpu)})
 			}
 		}
 		cancel()
@@ -96,6 +113,20 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 	err = <-done
 	em.Emit(Event{Ev: "exited", Identity: o.ID, Err: fmt.Sprint(err)})
 	return err
+}
+
+type renewReporter struct {
+	leader.NopObserver
+	em *testpg.Emitter
+	id string
+}
+
+func (r renewReporter) Renewed(l leader.Leadership, latency time.Duration) {
+	r.em.Emit(Event{Ev: "renewed", Identity: r.id, Mono: testpg.Mono() - int64(latency)})
+}
+
+func (r renewReporter) Elected(l leader.Leadership) {
+	r.em.Emit(Event{Ev: "renewed", Identity: r.id}) // the election's own check
 }
 
 // Candidate is a running candidate process.

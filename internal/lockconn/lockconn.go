@@ -55,21 +55,24 @@ func TagOf(k KeyLike) Tag {
 	return Tag{ClassID: c, ObjID: o, ObjSubID: s, Args: args, Vals: vals}
 }
 
+// The SQL below is compact on purpose: without prepared statements its text
+// goes over the wire on every round.
+
 func (t Tag) where() string {
-	return fmt.Sprintf("l.locktype = 'advisory' AND l.classid = %d AND l.objid = %d AND l.objsubid = %d", t.ClassID, t.ObjID, t.ObjSubID)
+	return fmt.Sprintf("l.locktype='advisory' AND l.classid=%d AND l.objid=%d AND l.objsubid=%d AND l.granted", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
 // CheckSQL returns the session's backend pid and whether that backend holds
 // the lock (granted), reading pg_locks for its own pid.
 func (t Tag) CheckSQL() string {
-	return `SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks l WHERE ` + t.where() + ` AND l.granted AND l.pid = pg_backend_pid())`
+	return `SELECT pg_backend_pid() p,EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h`
 }
 
 // HolderSQL returns the holder's application_name and pid (no row when the
 // lock is free) and the session's own backend pid.
 func (t Tag) HolderSQL() string {
-	return `SELECT coalesce(a.application_name, ''), l.pid, pg_backend_pid() FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE ` + t.where() + ` AND l.granted AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) LIMIT 1`
+	return `SELECT coalesce(a.application_name,'') n,l.pid p,pg_backend_pid() b FROM pg_locks l LEFT JOIN pg_stat_activity a USING(pid) WHERE ` +
+		t.where() + ` AND l.database=(SELECT datid FROM pg_stat_activity WHERE pid=pg_backend_pid()) LIMIT 1`
 }
 
 // AcquireSQL takes the lock with fn (pg_advisory_lock or
@@ -83,8 +86,7 @@ func (t Tag) AcquireSQL(fn string) string {
 	if fn == "pg_try_advisory_lock" {
 		call = "(SELECT " + fn + "(" + t.Args + "))"
 	}
-	return `SELECT pg_backend_pid(), h.held, h.held OR ` + call + `
-FROM (SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE ` + t.where() + ` AND l.granted AND l.pid = pg_backend_pid()) AS held) h`
+	return `SELECT pg_backend_pid() p,h.h,h.h OR ` + call + ` a FROM(SELECT EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h) h`
 }
 
 // Call returns "SELECT fn(args)" for an advisory-lock function.

@@ -3,6 +3,7 @@ package testpg
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Proxy is a loopback TCP proxy in front of a server. It injects network
@@ -12,6 +13,10 @@ import (
 type Proxy struct {
 	ln     net.Listener
 	target string
+
+	// Counters of forwarded traffic: bytes and reads (about one per
+	// message batch) from client to server and back.
+	BytesUp, BytesDown, ReadsUp, ReadsDown atomic.Int64
 
 	mu        sync.Mutex
 	pairs     map[*pair]struct{}
@@ -82,20 +87,22 @@ func (p *Proxy) accept() {
 		p.pairs[pr] = struct{}{}
 		p.wg.Add(2)
 		p.mu.Unlock()
-		go p.pipe(pr, c, s)
-		go p.pipe(pr, s, c)
+		go p.pipe(pr, c, s, &p.BytesUp, &p.ReadsUp)
+		go p.pipe(pr, s, c, &p.BytesDown, &p.ReadsDown)
 	}
 }
 
 // pipe copies src to dst until an error. While the pair is black-holed it
 // reads and drops, and an error on one side is not passed on to the other:
 // the far end must not learn anything.
-func (p *Proxy) pipe(pr *pair, src, dst net.Conn) {
+func (p *Proxy) pipe(pr *pair, src, dst net.Conn, bytes, reads *atomic.Int64) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !pr.isHoled() {
+			bytes.Add(int64(n))
+			reads.Add(1)
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				err = werr
 			}

@@ -1,0 +1,151 @@
+package lockconn_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+var (
+	srvOnce sync.Once
+	srv     *testpg.Server
+	srvErr  error
+)
+
+func server(t testing.TB) *testpg.Server {
+	t.Helper()
+	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
+	if srvErr != nil {
+		t.Fatalf("%v", srvErr)
+	}
+	return srv
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if srv != nil {
+		srv.Close()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func session(t testing.TB, id string, lockTimeout time.Duration) (*pgx.Conn, lockconn.Session) {
+	t.Helper()
+	conn, err := leader.DSN(server(t).DSN()).Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lockconn.Close(conn) })
+	sess, err := lockconn.Setup(context.Background(), conn, lockconn.Settings{Identity: id, LockTimeout: lockTimeout, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, sess
+}
+
+func acquire(t testing.TB, conn *pgx.Conn, tag lockconn.Tag) (already, held bool, err error) {
+	var pid int32
+	err = conn.QueryRow(context.Background(), tag.AcquireSQL("pg_advisory_lock"), tag.Vals...).Scan(&pid, &already, &held)
+	return
+}
+
+// The guarded acquisition never stacks, the check sees the lock, and the
+// setup applied the session settings.
+func TestAcquireCheckUnlock(t *testing.T) {
+	ctx := context.Background()
+	conn, sess := session(t, "lockconn-test", 250*time.Millisecond)
+	tag := lockconn.TagOf(leader.KeyFromName(t.Name()))
+	if err := lockconn.Check(ctx, conn, tag, sess.PID); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("check before acquiring: %v", err)
+	}
+	for i, want := range []bool{false, true, true} {
+		already, held, err := acquire(t, conn, tag)
+		if err != nil || !held || already != want {
+			t.Fatalf("acquire %d: already=%v held=%v err=%v", i, already, held, err)
+		}
+	}
+	if err := lockconn.Check(ctx, conn, tag, sess.PID); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if err := lockconn.Unlock(ctx, conn, tag); err != nil {
+		t.Fatalf("one unlock: %v", err)
+	}
+	if err := lockconn.Unlock(ctx, conn, tag); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("the lock was stacked: a second unlock found it held (%v)", err)
+	}
+	var app, lt string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('lock_timeout')").Scan(&app, &lt); err != nil || app != "lockconn-test" || lt != "250ms" {
+		t.Fatalf("settings: %q %q %v", app, lt, err)
+	}
+	if err := lockconn.Check(ctx, conn, tag, sess.PID+1); !errors.Is(err, lockconn.ErrTransactionPooling) {
+		t.Fatalf("pid mismatch: %v", err)
+	}
+}
+
+// One renew round: the pg_locks check of a held lock.
+//
+//	go test -run '^$' -bench . -benchmem ./internal/lockconn/
+func BenchmarkRenewRound(b *testing.B) {
+	ctx := context.Background()
+	conn, sess := session(b, "bench-renew", time.Second)
+	tag := lockconn.TagOf(leader.KeyFromName("bench-renew"))
+	if _, held, err := acquire(b, conn, tag); err != nil || !held {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := lockconn.Check(ctx, conn, tag, sess.PID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// A follower's campaign round against a held lock, with lock_timeout=1ms:
+// the holder lookup and the bounded lock wait in one pipelined round trip.
+// Subtract the 1ms wait for the overhead.
+func BenchmarkCampaignRound(b *testing.B) {
+	ctx := context.Background()
+	tag := lockconn.TagOf(leader.KeyFromName("bench-campaign"))
+	holder, _ := session(b, "bench-holder", time.Second)
+	if _, held, err := acquire(b, holder, tag); err != nil || !held {
+		b.Fatal(err)
+	}
+	conn, _ := session(b, "bench-follower", time.Millisecond)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		batch := &pgx.Batch{}
+		batch.Queue(tag.HolderSQL())
+		batch.Queue(tag.AcquireSQL("pg_advisory_lock"), tag.Vals...)
+		br := conn.SendBatch(ctx, batch)
+		var name string
+		var p, own int32
+		if err := br.QueryRow().Scan(&name, &p, &own); err != nil || name != "bench-holder" {
+			b.Fatal(name, err)
+		}
+		var pid int32
+		var already, held bool
+		if err := br.QueryRow().Scan(&pid, &already, &held); err == nil {
+			b.Fatal("acquired a held lock")
+		}
+		br.Close()
+	}
+}
