@@ -138,6 +138,9 @@ func (c *Child) Send(line string) error {
 	return err
 }
 
+// CloseStdin closes the child's stdin (children take it as "stop").
+func (c *Child) CloseStdin() error { return c.stdin.Close() }
+
 // Done is closed when the child has exited.
 func (c *Child) Done() <-chan struct{} { return c.done }
 

@@ -1,0 +1,62 @@
+package chaos
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/pgleader/pgleader/internal/testpg"
+)
+
+var (
+	duration = flag.Duration("chaos.duration", 40*time.Second, "how long TestChaos injects faults")
+	seed     = flag.Int64("chaos.seed", 0, "schedule seed (0: time-based)")
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(testpg.ChildEnv); role != "" {
+		os.Exit(ChildMain(role))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// TestChaos runs the seeded fault schedule against 5 elector processes and
+// checks every invariant. A short run is part of go test ./...; run it
+// longer with -chaos.duration=30m -chaos.seed=N.
+func TestChaos(t *testing.T) {
+	s := *seed
+	if s == 0 {
+		s = time.Now().UnixNano() % 1_000_000
+	}
+	r := Run(t, Config{Seed: s, Duration: *duration, Failover: true})
+	t.Log("\n" + r.Summary())
+	if !r.OK() {
+		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
+	}
+	if r.Tenures < 3 {
+		t.Fatalf("only %d tenures: the schedule did not exercise failover", r.Tenures)
+	}
+}
+
+// The checker must be able to fail: with an elector that never checks its
+// lock, a backend kill lets a real elector take over while the broken one
+// still believes it leads and writes with its stale term.
+func TestCheckerCatchesBrokenElector(t *testing.T) {
+	r := Run(t, Config{Seed: 1, Duration: 6 * time.Second, Electors: 2, Broken: 1, Faults: []string{"terminate"}})
+	t.Log("\n" + r.Summary())
+	if r.OK() {
+		t.Fatal("the checker passed a broken elector")
+	}
+	safety, fencing := false, false
+	for _, v := range r.Violations {
+		safety = safety || len(v) > 6 && v[:6] == "safety"
+		fencing = fencing || len(v) > 7 && v[:7] == "fencing"
+	}
+	if !safety || !fencing {
+		t.Fatalf("want safety and fencing violations, got:\n%s", fmt.Sprint(r.Violations))
+	}
+}

@@ -1,0 +1,515 @@
+// Package chaos is pgleader's fault harness: electors run as real OS
+// processes, each behind its own TCP proxy, against a throwaway PostgreSQL
+// with a synchronous standby, while a seeded random schedule injects
+// faults. A checker then verifies safety, fencing, liveness, callback
+// pairing and resource hygiene from the processes' event logs (stamped on
+// CLOCK_MONOTONIC) and the database.
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Config is one harness run.
+type Config struct {
+	Seed     int64
+	Duration time.Duration
+	Electors int      // real electors (default 5)
+	Broken   int      // broken electors (no checks), to prove the checker fails
+	Faults   []string // fault types to draw from (default AllFaults)
+	Failover bool     // promote the standby once, about 70% into the run
+}
+
+// AllFaults are the fault types the schedule draws from.
+var AllFaults = []string{"kill", "pause", "long-pause", "terminate", "cut", "blackhole", "restart-fast", "restart-immediate", "refuse"}
+
+type proc struct {
+	id      string
+	child   *testpg.Child
+	proxies []*testpg.Proxy
+	killed  int64 // mono of SIGKILL, 0 if alive
+	stops   [][2]int64
+}
+
+// Report is what a run found.
+type Report struct {
+	Seed       int64
+	Faults     map[string]int
+	Recovery   map[string][]time.Duration // fault healed -> a leader again
+	Failover   map[string][]time.Duration // fault injected -> the next election
+	Violations []string
+	Writes     int64
+	Stale      int64
+	// ServerEnded counts overlaps where the server ended the old leader's
+	// session (pg_terminate_backend, a cut connection): the lock is free
+	// at once, and the old leader learns it from its socket a moment
+	// later. Only fencing can order those moments; MaxServerEnded is the
+	// longest such overlap.
+	ServerEnded    int
+	MaxServerEnded time.Duration
+	Tenures    int
+	history    []string
+}
+
+// OK reports whether no invariant was violated.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+type harness struct {
+	t        testing.TB
+	cfg      Config
+	rng      *rand.Rand
+	primary  *testpg.Server
+	standby  *testpg.Server
+	current  *testpg.Server
+	key      string
+	procs    []*proc
+	seq      int
+	faultLog []testpg.Event
+	report   *Report
+}
+
+// Run runs the harness and returns its report; it fails t only for harness
+// errors, not for violations (the caller decides).
+func Run(t testing.TB, cfg Config) *Report {
+	if cfg.Electors == 0 {
+		cfg.Electors = 5
+	}
+	if len(cfg.Faults) == 0 {
+		cfg.Faults = AllFaults
+	}
+	h := &harness{t: t, cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), key: fmt.Sprintf("chaos-%d", cfg.Seed),
+		report: &Report{Seed: cfg.Seed, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}, Failover: map[string][]time.Duration{}}}
+	// A standby reconnects to a restarted primary after
+	// wal_retrieve_retry_interval; with synchronous replication commits
+	// wait for it, so keep it short.
+	h.primary = testpg.Start(t, testpg.Options{Settings: []string{"wal_level=replica", "max_wal_senders=4", "wal_retrieve_retry_interval=100ms"}})
+	h.current = h.primary
+	ctx := context.Background()
+	for _, ddl := range []string{writesDDL, leader.TermsTableSQL(leader.DefaultTermsTable)} {
+		if err := h.primary.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cfg.Failover {
+		st, err := h.primary.NewStandby()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		h.standby = st
+		// Synchronous replication: what a failover that keeps committed
+		// data needs. The electors commit their terms with
+		// synchronous_commit=on.
+		if err := h.primary.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '*'"); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.primary.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < cfg.Electors; i++ {
+		h.spawn(RoleElector)
+	}
+	for i := 0; i < cfg.Broken; i++ {
+		h.spawn(RoleBroken)
+	}
+	h.schedule()
+	h.finish()
+	h.check()
+	return h.report
+}
+
+func (h *harness) mono() int64 { return testpg.Mono() }
+
+func (h *harness) note(ev, who string) {
+	h.faultLog = append(h.faultLog, testpg.Event{Ev: ev, Identity: who, Mono: h.mono()})
+}
+
+func (h *harness) spawn(role string) *proc {
+	h.seq++
+	id := fmt.Sprintf("chaos-%d", h.seq)
+	p := &proc{id: id}
+	servers := []*testpg.Server{h.primary}
+	if h.standby != nil {
+		servers = append(servers, h.standby)
+	}
+	var hosts, ports []string
+	for _, s := range servers {
+		px, err := testpg.NewProxy(s.Addr())
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.t.Cleanup(px.Close)
+		p.proxies = append(p.proxies, px)
+		host, port, _ := strings.Cut(px.Addr(), ":")
+		hosts, ports = append(hosts, host), append(ports, port)
+	}
+	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=3&target_session_attrs=read-write",
+		joinHostPorts(hosts, ports))
+	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key)
+	h.procs = append(h.procs, p)
+	return p
+}
+
+func joinHostPorts(hosts, ports []string) string {
+	var parts []string
+	for i := range hosts {
+		parts = append(parts, hosts[i]+":"+ports[i])
+	}
+	return strings.Join(parts, ",")
+}
+
+// tenureOpen reports whether p's last tenure event is an election.
+func tenureOpen(p *proc) bool {
+	open := false
+	for _, e := range p.child.Log() {
+		switch e.Ev {
+		case "elected":
+			open = true
+		case "ctxdone", "demoted", "exited":
+			open = false
+		}
+	}
+	return open
+}
+
+// leader returns the process that currently leads and can act.
+func (h *harness) leader() *proc {
+	for _, p := range h.procs {
+		if p.killed == 0 && tenureOpen(p) {
+			return p
+		}
+	}
+	return nil
+}
+
+// waitLeader waits up to bound for a leader; it returns how long it took.
+func (h *harness) waitLeader(bound time.Duration) (time.Duration, bool) {
+	began := time.Now()
+	for time.Since(began) < bound {
+		if h.leader() != nil {
+			return time.Since(began), true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(began), false
+}
+
+func (h *harness) hold(lo, hi time.Duration) {
+	time.Sleep(lo + time.Duration(h.rng.Int63n(int64(hi-lo))))
+}
+
+func (h *harness) schedule() {
+	end := time.Now().Add(h.cfg.Duration)
+	failoverAt := time.Now().Add(h.cfg.Duration * 7 / 10)
+	if _, ok := h.waitLeader(30 * time.Second); !ok {
+		h.report.Violations = append(h.report.Violations, "liveness: no first leader within 30s")
+		return
+	}
+	for time.Now().Before(end) {
+		fault := h.cfg.Faults[h.rng.Intn(len(h.cfg.Faults))]
+		if h.cfg.Failover && h.standby != nil && h.current == h.primary && time.Now().After(failoverAt) {
+			fault = "failover"
+		}
+		l := h.leader()
+		if l == nil {
+			if _, ok := h.waitLeader(10 * time.Second); !ok {
+				h.report.Violations = append(h.report.Violations, "liveness: no leader before injecting "+fault)
+				return
+			}
+			l = h.leader()
+		}
+		h.report.Faults[fault]++
+		bound := Lease + Interval + 3*time.Second
+		h.note("fault:"+fault, l.id)
+		switch fault {
+		case "kill":
+			l.killed = h.mono()
+			l.child.Signal(syscall.SIGKILL)
+			h.hold(100*time.Millisecond, time.Second)
+			h.spawn(RoleElector)
+		case "pause", "long-pause":
+			lo, hi := 200*time.Millisecond, Lease-300*time.Millisecond
+			if fault == "long-pause" {
+				lo, hi = Lease+200*time.Millisecond, 2*Lease
+			}
+			stop := h.mono()
+			l.child.Signal(syscall.SIGSTOP)
+			h.hold(lo, hi)
+			l.child.Signal(syscall.SIGCONT)
+			l.stops = append(l.stops, [2]int64{stop, h.mono()})
+		case "terminate":
+			h.current.TerminateBackend(context.Background(), l.id)
+		case "cut":
+			for _, px := range l.proxies {
+				px.Cut()
+			}
+		case "blackhole":
+			for _, px := range l.proxies {
+				px.Blackhole()
+			}
+			h.hold(200*time.Millisecond, 2*Lease)
+			for _, px := range l.proxies {
+				px.Heal()
+			}
+		case "restart-fast", "restart-immediate":
+			mode := strings.TrimPrefix(fault, "restart-")
+			if err := h.current.Restart(mode); err != nil {
+				h.t.Fatalf("restart: %v", err)
+			}
+			bound = 5 * time.Second
+		case "refuse":
+			h.current.Stop(testpg.Fast)
+			h.hold(time.Second, 3*time.Second)
+			if err := h.current.StartAgain(); err != nil {
+				h.t.Fatalf("start again: %v", err)
+			}
+			bound = 5 * time.Second
+		case "failover":
+			h.primary.Stop(testpg.Immediate)
+			if err := h.standby.Promote(context.Background()); err != nil {
+				h.t.Fatalf("promote: %v", err)
+			}
+			h.current = h.standby
+			bound = 10 * time.Second
+		}
+		h.note("healed:"+fault, l.id)
+		took, ok := h.waitLeader(bound)
+		h.report.Recovery[fault] = append(h.report.Recovery[fault], took)
+		if !ok {
+			h.report.Violations = append(h.report.Violations, fmt.Sprintf("liveness: no leader within %s after %s healed", bound, fault))
+		}
+		h.hold(100*time.Millisecond, 500*time.Millisecond)
+	}
+}
+
+// finish stops every process (closing stdin) and waits for them.
+func (h *harness) finish() {
+	for _, p := range h.procs {
+		if p.killed == 0 {
+			p.child.Signal(syscall.SIGCONT)
+			p.child.CloseStdin()
+		}
+	}
+	for _, p := range h.procs {
+		select {
+		case <-p.child.Done():
+		case <-time.After(30 * time.Second):
+			h.report.Violations = append(h.report.Violations, p.id+": did not exit within 30s of being asked")
+			p.child.Signal(syscall.SIGKILL)
+		}
+	}
+}
+
+type tenure struct {
+	id         string
+	start, end int64
+	term       int64
+}
+
+func (h *harness) check() {
+	r := h.report
+	ctx := context.Background()
+	now := h.mono()
+	var tenures []tenure
+	for _, p := range h.procs {
+		log := p.child.Log()
+		var cur *tenure
+		elected, demoted := 0, 0
+		for _, e := range log {
+			switch e.Ev {
+			case "elected":
+				elected++
+				if cur != nil {
+					r.Violations = append(r.Violations, p.id+": elected twice without a step-down")
+				}
+				cur = &tenure{id: p.id, start: e.Mono, term: e.Term}
+			case "ctxdone":
+				if cur != nil {
+					cur.end = e.Mono
+					tenures = append(tenures, *cur)
+					cur = nil
+				}
+			case "demoted":
+				demoted++
+			case "exited":
+				if e.Data != "" {
+					r.Violations = append(r.Violations, p.id+": leaked goroutines: "+e.Data)
+				}
+			}
+		}
+		if cur != nil { // killed while leading, or a broken elector
+			cur.end = now
+			if p.killed != 0 {
+				cur.end = p.killed
+			}
+			tenures = append(tenures, *cur)
+		}
+		// A stopped process acts only until it is stopped; the moments
+		// after it resumes and before it notices are the allowed exception
+		// (its fenced writes are then refused, which the write check shows).
+		for i := range tenures {
+			t := &tenures[i]
+			if t.id != p.id {
+				continue
+			}
+			for _, s := range p.stops {
+				if s[0] >= t.start && s[0] < t.end {
+					t.end = s[0]
+					break
+				}
+			}
+		}
+		wantDemoted := elected
+		if p.killed != 0 && cur != nil {
+			wantDemoted--
+		}
+		if demoted != wantDemoted && h.cfg.Broken == 0 {
+			r.Violations = append(r.Violations, fmt.Sprintf("callbacks: %s had %d OnElected and %d OnDemoted", p.id, elected, demoted))
+		}
+	}
+	r.Tenures = len(tenures)
+	sort.Slice(tenures, func(i, j int) bool { return tenures[i].start < tenures[j].start })
+	for _, f := range h.faultLog {
+		if !strings.HasPrefix(f.Ev, "fault:") {
+			continue
+		}
+		for _, t := range tenures {
+			if t.start > f.Mono {
+				name := strings.TrimPrefix(f.Ev, "fault:")
+				r.Failover[name] = append(r.Failover[name], time.Duration(t.start-f.Mono))
+				break
+			}
+		}
+	}
+	var maxEnd int64
+	var maxID string
+	for i, t := range tenures {
+		if i > 0 && t.start < maxEnd {
+			overlap := time.Duration(maxEnd - t.start)
+			if f := h.faultBefore(t.start); (f == "terminate" || f == "cut") && overlap < 200*time.Millisecond {
+				r.ServerEnded++
+				r.MaxServerEnded = max(r.MaxServerEnded, overlap)
+			} else {
+				r.Violations = append(r.Violations, fmt.Sprintf("safety: %s (term %d) elected %s before %s stepped down (last fault: %s)",
+					t.id, t.term, overlap, maxID, f))
+				if len(r.history) == 0 {
+					h.history(t.start)
+				}
+			}
+		}
+		if i > 0 && t.term <= tenures[i-1].term {
+			r.Violations = append(r.Violations, fmt.Sprintf("fencing: term %d of %s does not exceed the previous tenure's %d", t.term, t.id, tenures[i-1].term))
+		}
+		if t.end > maxEnd {
+			maxEnd, maxID = t.end, t.id
+		}
+	}
+	conn, err := h.current.Connect(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	conn.QueryRow(ctx, `SELECT count(*) FROM chaos_writes`).Scan(&r.Writes)
+	conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM chaos_writes) s WHERE term < before`).Scan(&r.Stale)
+	if r.Stale > 0 {
+		r.Violations = append(r.Violations, fmt.Sprintf("fencing: %d writes with a stale term were accepted", r.Stale))
+	}
+	// Resources: no session of any elector is left on the server.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'chaos-%'`).Scan(&n)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.Violations = append(r.Violations, fmt.Sprintf("resources: %d elector sessions left on the server", n))
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// faultBefore names the last fault injected before mono.
+func (h *harness) faultBefore(mono int64) string {
+	last := ""
+	for _, e := range h.faultLog {
+		if e.Mono <= mono && strings.HasPrefix(e.Ev, "fault:") {
+			last = strings.TrimPrefix(e.Ev, "fault:")
+		}
+	}
+	return last
+}
+
+// history keeps the merged event log around a moment, for the failure
+// message.
+func (h *harness) history(at int64) {
+	var all []testpg.Event
+	for _, p := range h.procs {
+		all = append(all, p.child.Log()...)
+	}
+	all = append(all, h.faultLog...)
+	sort.Slice(all, func(i, j int) bool { return all[i].Mono < all[j].Mono })
+	for _, e := range all {
+		if d := time.Duration(e.Mono - at); d > -3*time.Second && d < 3*time.Second {
+			h.report.history = append(h.report.history, fmt.Sprintf("%+8.1fms %-10s %-10s term=%d %s", float64(d)/1e6, e.Identity, e.Ev, e.Term, e.Err))
+		}
+	}
+}
+
+// Summary renders the report as a table.
+func (r *Report) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos seed %d: %d tenures, %d fenced writes accepted, %d stale accepted\n", r.Seed, r.Tenures, r.Writes, r.Stale)
+	fmt.Fprintf(&b, "server-ended sessions overlapping the next leader (fenced): %d, longest %s\n", r.ServerEnded, r.MaxServerEnded)
+	fmt.Fprintf(&b, "%-18s %6s %14s %14s %14s\n", "fault", "count", "failover p50", "failover max", "healed->leader")
+	var names []string
+	for f := range r.Faults {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	quant := func(ds []time.Duration) (time.Duration, time.Duration) {
+		ds = append([]time.Duration(nil), ds...)
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		if len(ds) == 0 {
+			return 0, 0
+		}
+		return ds[len(ds)/2], ds[len(ds)-1]
+	}
+	for _, f := range names {
+		p50, mx := quant(r.Failover[f])
+		_, heal := quant(r.Recovery[f])
+		fmt.Fprintf(&b, "%-18s %6d %14s %14s %14s\n", f, r.Faults[f], p50.Round(time.Millisecond), mx.Round(time.Millisecond), heal.Round(time.Millisecond))
+	}
+	b.WriteString("(failover: fault injected -> next OnElected; healed->leader: worst wait for a leader after the fault was healed)\n")
+	fmt.Fprintf(&b, "invariants: safety, fencing (terms and writes), liveness, callback pairs, sessions and goroutines: ")
+	if r.OK() {
+		b.WriteString("all hold\n")
+	} else {
+		fmt.Fprintf(&b, "%d violations\n", len(r.Violations))
+		for _, v := range r.Violations {
+			b.WriteString("  " + v + "\n")
+		}
+		if len(r.history) > 0 {
+			b.WriteString("history around the first safety violation (ms from it):\n")
+			for _, l := range r.history {
+				b.WriteString("  " + l + "\n")
+			}
+		}
+	}
+	fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run TestChaos -chaos.seed=%d\n", r.Seed)
+	return b.String()
+}
+
