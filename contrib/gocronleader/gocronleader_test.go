@@ -89,4 +89,3 @@ func TestEachTickRunsOnce(t *testing.T) {
 		t.Fatalf("%d ticks run by %v; want at least 4, by %s and %s", ticks, leaders, first, second)
 	}
 }
-

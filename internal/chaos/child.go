@@ -158,4 +158,3 @@ func brokenMain(ctx context.Context, em *testpg.Emitter, dsn, id string, key lea
 	em.Emit(testpg.Event{Ev: "exited", Identity: id})
 	return 0
 }
-

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -58,8 +57,8 @@ type Report struct {
 	// longest such overlap.
 	ServerEnded    int
 	MaxServerEnded time.Duration
-	Tenures    int
-	history    []string
+	Tenures        int
+	history        []string
 }
 
 // OK reports whether no invariant was violated.
@@ -512,4 +511,3 @@ func (r *Report) Summary() string {
 	fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run TestChaos -chaos.seed=%d\n", r.Seed)
 	return b.String()
 }
-
