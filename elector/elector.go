@@ -231,7 +231,13 @@ func (e *Elector) Run(ctx context.Context) error {
 	bo.Reset()
 	attempt := 0
 	for {
-		err := e.connectAndServe(ctx, func() { attempt = 0; bo.Reset() })
+		served, err := e.connectAndServe(ctx)
+		if served > e.cfg.LeaseDuration {
+			// A session that lasted resets the backoff; one that breaks
+			// right after it was set up (a crash loop) does not.
+			attempt = 0
+			bo.Reset()
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -255,33 +261,34 @@ func (e *Elector) Run(ctx context.Context) error {
 }
 
 // connectAndServe opens a connection, campaigns and leads on it until it
-// breaks or ctx ends, and closes it.
-func (e *Elector) connectAndServe(ctx context.Context, connected func()) error {
+// breaks or ctx ends, and closes it. It reports how long the session served.
+func (e *Elector) connectAndServe(ctx context.Context) (time.Duration, error) {
 	cctx, cancel := context.WithTimeout(ctx, e.cfg.LeaseDuration)
 	conn, err := e.cfg.Connect.Connect(cctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return 0, fmt.Errorf("connect: %w", err)
 	}
 	defer lockconn.Close(conn)
-	pid, err := e.setup(ctx, conn)
+	sess, err := e.setup(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("session setup: %w", err)
+		return 0, fmt.Errorf("session setup: %w", err)
 	}
 	if f := e.cfg.Fencing; f.Enabled {
 		if err := terms.Ensure(ctx, conn, f.Table, !f.NoCreate); err != nil {
-			return fmt.Errorf("fencing: %w", err)
+			return 0, fmt.Errorf("fencing: %w", err)
 		}
 	}
-	connected()
-	e.log.Info("connected", zap.Uint32("backend_pid", pid))
+	e.log.Info("connected", zap.Uint32("backend_pid", sess.PID))
 	e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = true, time.Now(), "" })
-	return e.serve(ctx, conn, pid)
+	began := time.Now()
+	err = e.serve(ctx, conn, sess)
+	return time.Since(began), err
 }
 
 // setup configures the session in one round trip: application_name, the
 // lock wait bound, the server-side lease and keepalives.
-func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (uint32, error) {
+func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (lockconn.Session, error) {
 	c := e.cfg
 	sess, err := lockconn.Setup(ctx, conn, lockconn.Settings{
 		Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
@@ -291,11 +298,11 @@ func (e *Elector) setup(ctx context.Context, conn *pgx.Conn) (uint32, error) {
 		e.log.Warn("PostgreSQL before 14 has no idle_session_timeout: a paused or partitioned leader keeps the lock on the server until TCP keepalives end its session, and a paused process answers keepalives",
 			zap.Int("server_major", sess.Major))
 	}
-	return sess.PID, err
+	return sess, err
 }
 
 // serve alternates campaigns and tenures on one connection.
-func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
+func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, sess lockconn.Session) error {
 	coolDown, possiblyHeld := false, false
 	var campaignStart time.Time
 	for {
@@ -318,7 +325,7 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 			e.log.Info("campaigning")
 			e.obs.Campaigning(e.cfg.Key, e.cfg.Identity)
 		}
-		won, sent, err := e.campaign(ctx, conn, pid, &possiblyHeld)
+		won, sent, err := e.campaign(ctx, conn, sess, &possiblyHeld)
 		if err != nil {
 			return err
 		}
@@ -328,7 +335,7 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 		}
 		e.obs.LockWaited(e.cfg.Key, time.Since(campaignStart), true)
 		campaignStart = time.Time{}
-		reason, keepConn := e.lead(ctx, conn, pid, sent)
+		reason, keepConn := e.lead(ctx, conn, sess, sent)
 		if !keepConn {
 			return reason
 		}
@@ -348,7 +355,7 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, pid uint32) error {
 // PostgreSQL then reports the timeout and the session keeps the lock. So
 // after a timed-out round the lock is "possibly held", and the next round,
 // finding it held by this backend, takes it as won.
-func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32, possiblyHeld *bool) (won bool, sent time.Time, err error) {
+func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, possiblyHeld *bool) (won bool, sent time.Time, err error) {
 	b := &pgx.Batch{}
 	b.Queue(e.holderSQL)
 	b.Queue(e.acquireSQL, e.tag.Vals...)
@@ -369,9 +376,7 @@ func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32, poss
 		}
 		e.setLeader(holder)
 	}
-	var gotPid int32
-	var already, held bool
-	err = br.QueryRow().Scan(&gotPid, &already, &held)
+	r, err := lockconn.ScanAcquire(br.QueryRow())
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable {
 		e.log.Debug("lock busy; campaigning again", zap.String("holder", holder))
@@ -382,19 +387,19 @@ func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, pid uint32, poss
 	if err != nil {
 		return false, sent, lockconn.Pooling(err)
 	}
-	if uint32(gotPid) != pid {
-		return false, sent, fmt.Errorf("%w: backend pid changed from %d to %d between statements", leader.ErrTransactionPooling, pid, gotPid)
+	if err := sess.Same(r.PID, r.Token); err != nil {
+		return false, sent, err
 	}
-	if already && !*possiblyHeld {
+	if r.Already && !*possiblyHeld {
 		// Our backend holds a lock this elector never took: another client
 		// shares this server connection.
-		return false, sent, fmt.Errorf("%w: this session's backend (pid %d) already held the lock before this elector took it", leader.ErrTransactionPooling, gotPid)
+		return false, sent, fmt.Errorf("%w: this session's backend (pid %d) already held the lock before this elector took it", leader.ErrTransactionPooling, r.PID)
 	}
-	if already {
+	if r.Already {
 		e.log.Info("the last lock wait timed out as the lock was granted; holding it")
 	}
 	*possiblyHeld = false
-	return held, sent, br.Close()
+	return r.Held, sent, br.Close()
 }
 
 // errTermStuck: the lock is ours, but the next term could not be installed
@@ -406,13 +411,13 @@ var errTermStuck = errors.New("fencing term row locked by an earlier leader's tr
 // holds it (which also catches a transaction-pooling proxy), and with
 // fencing installs the next term in the same round trip. It returns when
 // the successful check was sent, and the term.
-func (e *Elector) confirm(conn *pgx.Conn, pid uint32, sent time.Time) (time.Time, int64, error) {
+func (e *Elector) confirm(conn *pgx.Conn, sess lockconn.Session, sent time.Time) (time.Time, int64, error) {
 	giveUp := time.Now().Add(e.cfg.LeaseDuration)
 	trustFrom := sent
 	for {
 		vsent := time.Now()
 		ctx, cancel := context.WithDeadline(context.Background(), trustFrom.Add(e.cfg.RenewDeadline))
-		term, err := e.checkAndBump(ctx, conn, pid)
+		term, err := e.checkAndBump(ctx, conn, sess)
 		cancel()
 		if errors.Is(err, leader.ErrLockLost) {
 			err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", leader.ErrTransactionPooling)
@@ -429,16 +434,16 @@ func (e *Elector) confirm(conn *pgx.Conn, pid uint32, sent time.Time) (time.Time
 
 var errTermBusy = errors.New("term row busy")
 
-func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, pid uint32) (int64, error) {
+func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, sess lockconn.Session) (int64, error) {
 	if e.bumpSQL == "" {
-		return 0, lockconn.Check(ctx, conn, e.tag, pid)
+		return 0, lockconn.Check(ctx, conn, e.tag, sess)
 	}
 	b := &pgx.Batch{}
 	b.Queue(e.checkSQL)
 	b.Queue(e.bumpSQL, e.bumpArgs...)
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
-	if err := lockconn.CheckResult(br.QueryRow(), pid); err != nil {
+	if err := lockconn.CheckResult(br.QueryRow(), sess); err != nil {
 		return 0, err
 	}
 	var term int64
@@ -458,9 +463,10 @@ func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, pid uint32) 
 
 // lead runs one tenure, from the lock being granted to the demotion. It
 // reports the reason, and whether the connection is still fit for use.
-func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent time.Time) (reason error, keepConn bool) {
+func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, sent time.Time) (reason error, keepConn bool) {
 	c := e.cfg
-	vsent, term, err := e.confirm(conn, pid, sent)
+	pid := sess.PID
+	vsent, term, err := e.confirm(conn, sess, sent)
 	if errors.Is(err, errTermStuck) {
 		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
 			zap.String("table", c.Fencing.Table))
@@ -507,7 +513,7 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, pid uint32, sent tim
 		default: // time to renew
 			rsent := time.Now()
 			rctx, rcancel := context.WithDeadline(context.Background(), lastOK.Add(c.RenewDeadline))
-			reason = lockconn.Check(rctx, conn, e.tag, pid)
+			reason = lockconn.Check(rctx, conn, e.tag, sess)
 			rcancel()
 			if reason == nil {
 				lastOK = rsent

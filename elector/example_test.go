@@ -12,11 +12,11 @@ import (
 // exampleDSN stands for your DATABASE_URL; here it is the tests' throwaway
 // server.
 func exampleDSN() string {
-	sharedOnce.Do(func() { shared, sharedErr = newSharedForExample() })
-	if sharedErr != nil {
-		panic(sharedErr)
+	srv, err := shared.Start()
+	if err != nil {
+		panic(err)
 	}
-	return shared.DSN()
+	return srv.DSN()
 }
 
 // An elector runs a callback while it holds the lock, and hands over on

@@ -18,5 +18,3 @@ func mustConn(t testing.TB, srv *testpg.Server) *pgx.Conn {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
 }
-
-func newSharedForExample() (*testpg.Server, error) { return testpg.New(testpg.Options{}) }

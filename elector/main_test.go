@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -20,39 +19,13 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-var (
-	sharedOnce sync.Once
-	shared     *testpg.Server
-	sharedErr  error
-)
+var shared testpg.Shared
 
 // sharedServer returns the package's throwaway server, for tests that do
 // not restart it. Each test uses its own key.
-func sharedServer(t testing.TB) *testpg.Server {
-	t.Helper()
-	sharedOnce.Do(func() { shared, sharedErr = testpg.New(testpg.Options{}) })
-	if sharedErr != nil {
-		t.Fatalf("%v", sharedErr)
-	}
-	return shared
-}
+func sharedServer(t testing.TB) *testpg.Server { return shared.Get(t) }
 
-func TestMain(m *testing.M) {
-	if role := os.Getenv(testpg.ChildEnv); role != "" {
-		os.Exit(childMain(role))
-	}
-	code := m.Run()
-	if shared != nil {
-		shared.Close()
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testpg.Main(m, childMain, &shared)) }
 
 // Test timings: short enough to keep the suite quick, with generous margins
 // for a loaded 2-core machine.

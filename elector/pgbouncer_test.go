@@ -18,10 +18,22 @@ func TestElectorBehindPgBouncer(t *testing.T) {
 	srv := sharedServer(t)
 	t.Run("transaction", func(t *testing.T) {
 		bouncer := testpg.StartPgBouncer(t, srv, "transaction", 1)
-		r := newRecorder(t)
 		key := testKey(t)
-		start(t, r, opts{dsn: bouncer.DSN(), key: key, id: "pgb-a"})
-		r.next("elected", "pgb-a")
+		// A leads alone: behind the pooler it cannot tell yet.
+		aElected := make(chan struct{})
+		a, err := elector.New(elector.Config{
+			Connect: elector.DSN(bouncer.DSN()), Key: key, Identity: "pgb-a",
+			RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease,
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { close(aElected); <-ctx.Done() }},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		actx, acancel := context.WithCancel(context.Background())
+		aDone := make(chan error, 1)
+		go func() { aDone <- a.Run(actx) }()
+		defer acancel()
+		<-aElected
 		e, err := elector.New(elector.Config{
 			Connect: elector.DSN(bouncer.DSN()), Key: key, Identity: "pgb-b",
 			RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease,
@@ -37,6 +49,16 @@ func TestElectorBehindPgBouncer(t *testing.T) {
 		defer cancel()
 		if err := e.Run(ctx); !errors.Is(err, leader.ErrTransactionPooling) {
 			t.Fatalf("want ErrTransactionPooling, got %v", err)
+		}
+		// B overwrote the session token on the shared backend: A's next
+		// renew sees it, and A gives up too.
+		select {
+		case err := <-aDone:
+			if !errors.Is(err, leader.ErrTransactionPooling) {
+				t.Fatalf("leader A: want ErrTransactionPooling, got %v", err)
+			}
+		case <-time.After(waitLong):
+			t.Fatal("leader A kept leading on a shared pooled backend")
 		}
 	})
 	t.Run("session", func(t *testing.T) {
@@ -60,21 +82,7 @@ func TestElectorBehindPgBouncer(t *testing.T) {
 // waitWaiter waits until id queues for key's lock.
 func waitWaiter(t *testing.T, srv *testpg.Server, key leader.Key, id string) {
 	t.Helper()
-	conn := mustConn(t, srv)
-	deadline := time.Now().Add(waitLong)
-	for {
-		h, err := leader.Holder(context.Background(), conn, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range h.Waiters {
-			if w.Identity == id {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never queued for the lock", id)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := testpg.WaitWaiter(context.Background(), mustConn(t, srv), key, id); err != nil {
+		t.Fatal(err)
 	}
 }

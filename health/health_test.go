@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -29,34 +26,11 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-var (
-	srvOnce sync.Once
-	srv     *testpg.Server
-	srvErr  error
-)
+var shared testpg.Shared
 
-func server(t testing.TB) *testpg.Server {
-	t.Helper()
-	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
-	if srvErr != nil {
-		t.Fatalf("%v", srvErr)
-	}
-	return srv
-}
+func server(t testing.TB) *testpg.Server { return shared.Get(t) }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if srv != nil {
-		srv.Close()
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testpg.Main(m, nil, &shared)) }
 
 const waitLong = 30 * time.Second
 
@@ -410,20 +384,7 @@ func waitForWaiter(t *testing.T, s *testpg.Server, key leader.Key, id string) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	deadline := time.Now().Add(waitLong)
-	for {
-		h, err := leader.Holder(context.Background(), conn, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range h.Waiters {
-			if w.Identity == id {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never queued for the lock", id)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := testpg.WaitWaiter(context.Background(), conn, key, id); err != nil {
+		t.Fatal(err)
 	}
 }

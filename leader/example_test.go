@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -73,9 +72,9 @@ func ExampleLeadership_Fence() {
 }
 
 func exampleDSN() string {
-	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
-	if srvErr != nil {
-		panic(srvErr)
+	srv, err := shared.Start()
+	if err != nil {
+		panic(err)
 	}
 	return srv.DSN()
 }

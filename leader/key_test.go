@@ -2,32 +2,18 @@ package leader_test
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
-var (
-	srvOnce sync.Once
-	srv     *testpg.Server
-	srvErr  error
-)
+var shared testpg.Shared
 
-func server(t testing.TB) *testpg.Server {
-	t.Helper()
-	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
-	if srvErr != nil {
-		t.Fatalf("%v", srvErr)
-	}
-	return srv
-}
+func server(t testing.TB) *testpg.Server { return shared.Get(t) }
 
 func conn(t testing.TB) *pgx.Conn {
 	t.Helper()
@@ -39,22 +25,7 @@ func conn(t testing.TB) *pgx.Conn {
 	return c
 }
 
-func TestMain(m *testing.M) {
-	if role := os.Getenv(testpg.ChildEnv); role != "" {
-		os.Exit(childMain(role))
-	}
-	code := m.Run()
-	if srv != nil {
-		srv.Close()
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testpg.Main(m, childMain, &shared)) }
 
 func TestKeyFromNameMatchesSQL(t *testing.T) {
 	c := conn(t)

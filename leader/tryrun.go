@@ -128,21 +128,20 @@ func TryRun(ctx context.Context, c Connector, key Key, opts RunOptions, fn func(
 		fnName = "pg_advisory_lock"
 	}
 	start := time.Now()
-	var gotPid int32
-	var already, held bool
-	err = conn.QueryRow(ctx, tag.AcquireSQL(fnName), append([]any{pgx.QueryExecModeExec}, tag.Vals...)...).Scan(&gotPid, &already, &held)
+	r, err := lockconn.ScanAcquire(conn.QueryRow(ctx, tag.AcquireSQL(fnName), append([]any{pgx.QueryExecModeExec}, tag.Vals...)...))
+	held := r.Held
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable:
 		// The wait timed out, but a grant can race the timeout and leave
 		// the session holding the lock: ask.
-		held = lockconn.Check(ctx, conn, tag, sess.PID) == nil
+		held = lockconn.Check(ctx, conn, tag, sess) == nil
 	case err != nil:
 		return fmt.Errorf("pgleader: TryRun: %w", lockconn.Pooling(err))
-	case already:
-		return fmt.Errorf("%w: this session's backend (pid %d) already held the lock", ErrTransactionPooling, gotPid)
-	case uint32(gotPid) != sess.PID:
-		return fmt.Errorf("%w: backend pid changed from %d to %d between statements", ErrTransactionPooling, sess.PID, gotPid)
+	case sess.Same(r.PID, r.Token) != nil:
+		return sess.Same(r.PID, r.Token)
+	case r.Already:
+		return fmt.Errorf("%w: this session's backend (pid %d) already held the lock", ErrTransactionPooling, r.PID)
 	}
 	wait := time.Since(start)
 	opts.Observer.LockWaited(key, wait, held)
@@ -156,7 +155,7 @@ func TryRun(ctx context.Context, c Connector, key Key, opts RunOptions, fn func(
 
 	sent := time.Now()
 	cctx, cancel := context.WithDeadline(context.Background(), sent.Add(deadline))
-	err = lockconn.Check(cctx, conn, tag, sess.PID)
+	err = lockconn.Check(cctx, conn, tag, sess)
 	cancel()
 	if errors.Is(err, ErrLockLost) {
 		err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", ErrTransactionPooling)
@@ -164,11 +163,11 @@ func TryRun(ctx context.Context, c Connector, key Key, opts RunOptions, fn func(
 	if err != nil {
 		return fmt.Errorf("pgleader: TryRun: %w", err)
 	}
-	return runHolding(ctx, conn, tag, sess.PID, sent, opts.CheckInterval, deadline, fn)
+	return runHolding(ctx, conn, tag, sess, sent, opts.CheckInterval, deadline, fn)
 }
 
 // runHolding runs fn while checking the lock, then releases it.
-func runHolding(ctx context.Context, conn *pgx.Conn, tag lockconn.Tag, pid uint32, lastOK time.Time,
+func runHolding(ctx context.Context, conn *pgx.Conn, tag lockconn.Tag, sess lockconn.Session, lastOK time.Time,
 	interval, deadline time.Duration, fn func(ctx context.Context) error) error {
 	fnCtx, cancelFn := context.WithCancelCause(ctx)
 	defer cancelFn(nil)
@@ -192,7 +191,7 @@ func runHolding(ctx context.Context, conn *pgx.Conn, tag lockconn.Tag, pid uint3
 		}
 		sent := time.Now()
 		cctx, cancel := context.WithDeadline(context.Background(), lastOK.Add(deadline))
-		lost = lockconn.Check(cctx, conn, tag, pid)
+		lost = lockconn.Check(cctx, conn, tag, sess)
 		cancel()
 		if lost == nil {
 			lastOK = sent

@@ -225,45 +225,48 @@ func serverAddr(dsn string) (string, error) {
 	return cfg.Host + ":" + strconv.Itoa(int(cfg.Port)), nil
 }
 
+// proxiedFleet starts n candidates for name, each connecting through its
+// own TCP proxy in front of the server; o carries their timings.
+func (b *bencher) proxiedFleet(name string, n int, o fleet.Options) (*fleet.Fleet, map[string]*testpg.Proxy, error) {
+	proxies := map[string]*testpg.Proxy{}
+	f := fleet.New(b.exe)
+	target, err := serverAddr(b.dsn)
+	for i := 0; err == nil && i < n; i++ {
+		var p *testpg.Proxy
+		if p, err = testpg.NewProxy(target); err != nil {
+			break
+		}
+		o.ID, o.Key = fmt.Sprintf("p%d", i), name
+		proxies[o.ID] = p
+		if o.DSN, err = proxyDSN(b.dsn, p.Addr()); err == nil {
+			_, err = f.Add(o)
+		}
+	}
+	if err != nil {
+		closeProxied(f, proxies)
+		return nil, nil, err
+	}
+	return f, proxies, nil
+}
+
+func closeProxied(f *fleet.Fleet, proxies map[string]*testpg.Proxy) {
+	f.StopAll()
+	for _, p := range proxies {
+		p.Close()
+	}
+}
+
 // silent measures a partitioned (black-holed) or paused (SIGSTOP) leader:
 // the time from its last successful renew to the new leader's election,
 // and the margin between the old leader's step-down and that election.
 func (b *bencher) silent(kind string) error {
-	target, err := serverAddr(b.dsn)
+	name := b.name(kind)
+	key := leader.KeyFromName(name)
+	f, proxies, err := b.proxiedFleet(name, 3, fleet.Options{Interval: b.interval, Deadline: b.deadline, Lease: b.lease, Renews: true})
 	if err != nil {
 		return err
 	}
-	name := b.name(kind)
-	key := leader.KeyFromName(name)
-	f := fleet.New(b.exe)
-	defer f.StopAll()
-	proxies := map[string]*testpg.Proxy{}
-	defer func() {
-		for _, p := range proxies {
-			p.Close()
-		}
-	}()
-	next := 0
-	add := func() error {
-		next++
-		id := fmt.Sprintf("s%d", next)
-		p, err := testpg.NewProxy(target)
-		if err != nil {
-			return err
-		}
-		proxies[id] = p
-		dsn, err := proxyDSN(b.dsn, p.Addr())
-		if err != nil {
-			return err
-		}
-		_, err = f.Add(fleet.Options{DSN: dsn, Key: name, ID: id, Interval: b.interval, Deadline: b.deadline, Lease: b.lease, Renews: true})
-		return err
-	}
-	for i := 0; i < 3; i++ {
-		if err := add(); err != nil {
-			return err
-		}
-	}
+	defer closeProxied(f, proxies)
 	// Track each candidate's last renew from the event stream.
 	lastRenew := map[string]int64{}
 	nextOf := func(ev string, skip string) (fleet.Event, error) {
@@ -374,34 +377,12 @@ func (b *bencher) restart() error {
 // idle measures what standing by costs: round trips, bytes, CPU and heap
 // of one leader and two followers (default timings) over d.
 func (b *bencher) idle(d time.Duration) error {
-	target, err := serverAddr(b.dsn)
+	name := b.name("idle")
+	f, proxies, err := b.proxiedFleet(name, 3, fleet.Options{})
 	if err != nil {
 		return err
 	}
-	name := b.name("idle")
-	f := fleet.New(b.exe)
-	defer f.StopAll()
-	proxies := map[string]*testpg.Proxy{}
-	defer func() {
-		for _, p := range proxies {
-			p.Close()
-		}
-	}()
-	for i := 0; i < 3; i++ {
-		id := fmt.Sprintf("i%d", i)
-		p, err := testpg.NewProxy(target)
-		if err != nil {
-			return err
-		}
-		proxies[id] = p
-		dsn, err := proxyDSN(b.dsn, p.Addr())
-		if err != nil {
-			return err
-		}
-		if _, err := f.Add(fleet.Options{DSN: dsn, Key: name, ID: id}); err != nil {
-			return err
-		}
-	}
+	defer closeProxied(f, proxies)
 	lead, err := f.Next("elected", time.Minute)
 	if err != nil {
 		return err

@@ -10,33 +10,22 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
 var (
-	bin     string // the built CLI
-	srvOnce sync.Once
-	srv     *testpg.Server
-	srvErr  error
+	bin    string // the built CLI
+	shared testpg.Shared
 )
 
-func server(t testing.TB) *testpg.Server {
-	t.Helper()
-	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
-	if srvErr != nil {
-		t.Fatalf("%v", srvErr)
-	}
-	return srv
-}
+func server(t testing.TB) *testpg.Server { return shared.Get(t) }
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "pgleader-cli-")
@@ -49,17 +38,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build the CLI: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	code := m.Run()
-	if srv != nil {
-		srv.Close()
-	}
+	code := testpg.Main(m, nil, &shared)
 	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
 	os.Exit(code)
 }
 
@@ -271,19 +251,8 @@ func waitWaiting(t *testing.T, dsn string, key leader.Key) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	deadline := time.Now().Add(waitLong)
-	for {
-		h, err := leader.Holder(context.Background(), conn, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Held && len(h.Waiters) > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nobody waits for %s", key)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := testpg.WaitWaiter(context.Background(), conn, key, ""); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -6,6 +6,8 @@ package lockconn
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -62,10 +64,10 @@ func (t Tag) where() string {
 	return fmt.Sprintf("l.locktype='advisory' AND l.classid=%d AND l.objid=%d AND l.objsubid=%d AND l.granted", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
-// CheckSQL returns the session's backend pid and whether that backend holds
-// the lock (granted), reading pg_locks for its own pid.
+// CheckSQL returns the session's backend pid, its owner token, and whether
+// that backend holds the lock (granted), reading pg_locks for its own pid.
 func (t Tag) CheckSQL() string {
-	return `SELECT pg_backend_pid() p,EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h`
+	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h`
 }
 
 // HolderSQL returns the holder's application_name and pid (no row when the
@@ -78,7 +80,8 @@ func (t Tag) HolderSQL() string {
 // AcquireSQL takes the lock with fn (pg_advisory_lock or
 // pg_try_advisory_lock) unless the session's backend already holds it, and
 // never stacks a second acquisition on a held lock. It returns the backend
-// pid, whether the lock was already held, and whether it is held now. The
+// pid, the session's owner token, whether the lock was already held, and
+// whether it is held now. The
 // lock call is an InitPlan behind the OR, which PostgreSQL evaluates only
 // when the left side is false.
 func (t Tag) AcquireSQL(fn string) string {
@@ -86,7 +89,7 @@ func (t Tag) AcquireSQL(fn string) string {
 	if fn == "pg_try_advisory_lock" {
 		call = "(SELECT " + fn + "(" + t.Args + "))"
 	}
-	return `SELECT pg_backend_pid() p,h.h,h.h OR ` + call + ` a FROM(SELECT EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h) h`
+	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,h.h,h.h OR ` + call + ` a FROM(SELECT EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h) h`
 }
 
 // Call returns "SELECT fn(args)" for an advisory-lock function.
@@ -105,10 +108,26 @@ type Settings struct {
 	SyncCommit bool
 }
 
-// Session is a configured connection.
+// Session is a configured connection. PID and Token identify it: every
+// statement checks that it runs on the same backend, and that the backend
+// still carries this session's token (a custom setting, pgleader.owner).
+// Behind a transaction-pooling proxy another client can land on the same
+// backend and overwrite the token, which the next statement then sees.
 type Session struct {
 	PID   uint32
+	Token string
 	Major int // server major version
+}
+
+// Same reports a pooling error unless pid and token are the session's.
+func (s Session) Same(pid int32, token string) error {
+	if uint32(pid) != s.PID {
+		return fmt.Errorf("%w: backend pid changed from %d to %d between statements", ErrTransactionPooling, s.PID, pid)
+	}
+	if token != s.Token {
+		return fmt.Errorf("%w: another client's session state appeared on this backend (pid %d)", ErrTransactionPooling, pid)
+	}
+	return nil
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
@@ -142,7 +161,10 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	if s.SyncCommit {
 		sets = append(sets, [2]string{"synchronous_commit", "on"})
 	}
-	sess := Session{Major: ServerMajor(conn)}
+	var tok [8]byte
+	rand.Read(tok[:])
+	sess := Session{Major: ServerMajor(conn), Token: hex.EncodeToString(tok[:])}
+	sets = append(sets, [2]string{"pgleader.owner", sess.Token})
 	if sess.Major >= 12 {
 		sets = append(sets, [2]string{"tcp_user_timeout", ms(s.Lease)})
 	}
@@ -191,12 +213,13 @@ func Pooling(err error) error {
 	return err
 }
 
-// CheckResult reads a CheckSQL row: nil when the session's own backend, the
-// one set up as pid, holds the lock.
-func CheckResult(row pgx.Row, pid uint32) error {
+// CheckResult reads a CheckSQL row: nil when the session's own backend
+// holds the lock.
+func CheckResult(row pgx.Row, sess Session) error {
 	var gotPid int32
+	var token *string
 	var held bool
-	if err := row.Scan(&gotPid, &held); err != nil {
+	if err := row.Scan(&gotPid, &token, &held); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("%w: %v", ErrRenewDeadline, err)
 		}
@@ -205,8 +228,8 @@ func CheckResult(row pgx.Row, pid uint32) error {
 		}
 		return fmt.Errorf("%w: %v", ErrConnectionLost, err)
 	}
-	if uint32(gotPid) != pid {
-		return fmt.Errorf("%w: backend pid changed from %d to %d between statements", ErrTransactionPooling, pid, gotPid)
+	if err := sess.Same(gotPid, deref(token)); err != nil {
+		return err
 	}
 	if !held {
 		return ErrLockLost
@@ -214,10 +237,33 @@ func CheckResult(row pgx.Row, pid uint32) error {
 	return nil
 }
 
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
 // Check asks whether the session's own backend holds the lock. ctx's
 // deadline is the trust window: past it the error is ErrRenewDeadline.
-func Check(ctx context.Context, conn *pgx.Conn, t Tag, pid uint32) error {
-	return CheckResult(conn.QueryRow(ctx, t.CheckSQL(), pgx.QueryExecModeExec), pid)
+func Check(ctx context.Context, conn *pgx.Conn, t Tag, sess Session) error {
+	return CheckResult(conn.QueryRow(ctx, t.CheckSQL(), pgx.QueryExecModeExec), sess)
+}
+
+// AcquireResult reads an AcquireSQL row.
+type AcquireResult struct {
+	PID           int32
+	Token         string
+	Already, Held bool
+}
+
+// ScanAcquire reads an AcquireSQL row.
+func ScanAcquire(row pgx.Row) (AcquireResult, error) {
+	var r AcquireResult
+	var token *string
+	err := row.Scan(&r.PID, &token, &r.Already, &r.Held)
+	r.Token = deref(token)
+	return r, err
 }
 
 // WaitIdle reads the idle connection until `until`, so that a server's

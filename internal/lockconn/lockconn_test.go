@@ -3,48 +3,22 @@ package lockconn_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
-var (
-	srvOnce sync.Once
-	srv     *testpg.Server
-	srvErr  error
-)
+var shared testpg.Shared
 
-func server(t testing.TB) *testpg.Server {
-	t.Helper()
-	srvOnce.Do(func() { srv, srvErr = testpg.New(testpg.Options{}) })
-	if srvErr != nil {
-		t.Fatalf("%v", srvErr)
-	}
-	return srv
-}
+func server(t testing.TB) *testpg.Server { return shared.Get(t) }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if srv != nil {
-		srv.Close()
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testpg.Main(m, nil, &shared)) }
 
 func session(t testing.TB, id string, lockTimeout time.Duration) (*pgx.Conn, lockconn.Session) {
 	t.Helper()
@@ -61,9 +35,8 @@ func session(t testing.TB, id string, lockTimeout time.Duration) (*pgx.Conn, loc
 }
 
 func acquire(t testing.TB, conn *pgx.Conn, tag lockconn.Tag) (already, held bool, err error) {
-	var pid int32
-	err = conn.QueryRow(context.Background(), tag.AcquireSQL("pg_advisory_lock"), tag.Vals...).Scan(&pid, &already, &held)
-	return
+	r, err := lockconn.ScanAcquire(conn.QueryRow(context.Background(), tag.AcquireSQL("pg_advisory_lock"), tag.Vals...))
+	return r.Already, r.Held, err
 }
 
 // The guarded acquisition never stacks, the check sees the lock, and the
@@ -72,7 +45,7 @@ func TestAcquireCheckUnlock(t *testing.T) {
 	ctx := context.Background()
 	conn, sess := session(t, "lockconn-test", 250*time.Millisecond)
 	tag := lockconn.TagOf(leader.KeyFromName(t.Name()))
-	if err := lockconn.Check(ctx, conn, tag, sess.PID); !errors.Is(err, lockconn.ErrLockLost) {
+	if err := lockconn.Check(ctx, conn, tag, sess); !errors.Is(err, lockconn.ErrLockLost) {
 		t.Fatalf("check before acquiring: %v", err)
 	}
 	for i, want := range []bool{false, true, true} {
@@ -81,7 +54,7 @@ func TestAcquireCheckUnlock(t *testing.T) {
 			t.Fatalf("acquire %d: already=%v held=%v err=%v", i, already, held, err)
 		}
 	}
-	if err := lockconn.Check(ctx, conn, tag, sess.PID); err != nil {
+	if err := lockconn.Check(ctx, conn, tag, sess); err != nil {
 		t.Fatalf("check: %v", err)
 	}
 	if err := lockconn.Unlock(ctx, conn, tag); err != nil {
@@ -94,8 +67,15 @@ func TestAcquireCheckUnlock(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('lock_timeout')").Scan(&app, &lt); err != nil || app != "lockconn-test" || lt != "250ms" {
 		t.Fatalf("settings: %q %q %v", app, lt, err)
 	}
-	if err := lockconn.Check(ctx, conn, tag, sess.PID+1); !errors.Is(err, lockconn.ErrTransactionPooling) {
+	other := sess
+	other.PID++
+	if err := lockconn.Check(ctx, conn, tag, other); !errors.Is(err, lockconn.ErrTransactionPooling) {
 		t.Fatalf("pid mismatch: %v", err)
+	}
+	other = sess
+	other.Token = "someone-else"
+	if err := lockconn.Check(ctx, conn, tag, other); !errors.Is(err, lockconn.ErrTransactionPooling) {
+		t.Fatalf("token mismatch: %v", err)
 	}
 }
 
@@ -112,7 +92,7 @@ func BenchmarkRenewRound(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := lockconn.Check(ctx, conn, tag, sess.PID); err != nil {
+		if err := lockconn.Check(ctx, conn, tag, sess); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -141,9 +121,7 @@ func BenchmarkCampaignRound(b *testing.B) {
 		if err := br.QueryRow().Scan(&name, &p, &own); err != nil || name != "bench-holder" {
 			b.Fatal(name, err)
 		}
-		var pid int32
-		var already, held bool
-		if err := br.QueryRow().Scan(&pid, &already, &held); err == nil {
+		if _, err := lockconn.ScanAcquire(br.QueryRow()); err == nil {
 			b.Fatal("acquired a held lock")
 		}
 		br.Close()
