@@ -35,6 +35,7 @@ type ConfigError struct {
 	Rule  string
 }
 
+// Error names the field and the rule.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("elector: invalid config: %s: %s", e.Field, e.Rule)
 }

@@ -34,6 +34,7 @@ type FencedError struct {
 	Current int64 // the newest term in the table
 }
 
+// Error says which term is stale and which is current.
 func (e *FencedError) Error() string {
 	return fmt.Sprintf("pgleader: fenced: key %s: term %d is stale, the current term is %d", e.Key, e.Term, e.Current)
 }

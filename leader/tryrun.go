@@ -25,6 +25,7 @@ type HeldError struct {
 	Holder Session
 }
 
+// Error names the key and, when known, its holder.
 func (e *HeldError) Error() string {
 	if e.Holder.PID == 0 {
 		return fmt.Sprintf("pgleader: lock %s held by another session", e.Key)
