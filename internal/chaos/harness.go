@@ -231,6 +231,12 @@ func (h *harness) schedule() {
 		}
 		h.report.Faults[fault]++
 		bound := Lease + Interval + 3*time.Second
+		// One fault in four comes with a second one on a follower, healed
+		// together with the first.
+		heal2 := func() {}
+		if f := h.follower(l); f != nil && h.rng.Intn(4) == 0 {
+			heal2 = h.followerFault(f)
+		}
 		h.note("fault:"+fault, l.id)
 		switch fault {
 		case "kill":
@@ -283,6 +289,7 @@ func (h *harness) schedule() {
 			h.current = h.standby
 			bound = 10 * time.Second
 		}
+		heal2()
 		h.note("healed:"+fault, l.id)
 		took, ok := h.waitLeader(bound)
 		h.report.Recovery[fault] = append(h.report.Recovery[fault], took)
@@ -290,6 +297,51 @@ func (h *harness) schedule() {
 			h.report.Violations = append(h.report.Violations, fmt.Sprintf("liveness: no leader within %s after %s healed", bound, fault))
 		}
 		h.hold(100*time.Millisecond, 500*time.Millisecond)
+	}
+}
+
+// follower picks a live, running process other than l.
+func (h *harness) follower(l *proc) *proc {
+	var fs []*proc
+	for _, p := range h.procs {
+		if p != l && p.killed == 0 {
+			fs = append(fs, p)
+		}
+	}
+	if len(fs) == 0 {
+		return nil
+	}
+	return fs[h.rng.Intn(len(fs))]
+}
+
+// followerFault cuts, black-holes or pauses a follower, and returns what
+// heals it.
+func (h *harness) followerFault(f *proc) func() {
+	kind := []string{"cut", "blackhole", "pause"}[h.rng.Intn(3)]
+	h.report.Faults["follower-"+kind]++
+	h.note("fault2:follower-"+kind, f.id)
+	switch kind {
+	case "cut":
+		for _, px := range f.proxies {
+			px.Cut()
+		}
+		return func() {}
+	case "blackhole":
+		for _, px := range f.proxies {
+			px.Blackhole()
+		}
+		return func() {
+			for _, px := range f.proxies {
+				px.Heal()
+			}
+		}
+	default:
+		stop := h.mono()
+		f.child.Signal(syscall.SIGSTOP)
+		return func() {
+			f.child.Signal(syscall.SIGCONT)
+			f.stops = append(f.stops, [2]int64{stop, h.mono()})
+		}
 	}
 }
 
