@@ -49,6 +49,8 @@ type bencher struct {
 	seq     int
 	// short timings for the partition and pause scenarios
 	interval, deadline, lease time.Duration
+	// the crowd's timings (zero: the elector's defaults)
+	crowd fleet.Options
 }
 
 func cmdBench(args []string, stdout, stderr io.Writer) error {
@@ -65,6 +67,7 @@ throwaway server.
 	crowd := fs.Int("crowd", 200, "candidates in the crowd scenario")
 	crowdRuns := fs.Int("crowd-runs", 10, "runs per crowd handover kind")
 	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
+	crowdInterval := fs.Duration("crowd-interval", 0, "RenewInterval of the crowd's candidates (0: the default, 1s); RenewDeadline and the lease scale with it")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -83,6 +86,9 @@ throwaway server.
 		defer admin.Close(ctx)
 		b := &bencher{dsn: dsn, srv: srv, exe: exe, runs: *runs, out: progress, admin: admin,
 			interval: 100 * time.Millisecond, deadline: 500 * time.Millisecond, lease: 1500 * time.Millisecond}
+		if ci := *crowdInterval; ci > 0 {
+			b.crowd = fleet.Options{Interval: ci, Deadline: 3 * ci, Lease: 6 * ci}
+		}
 		for _, s := range strings.Split(*scen, ",") {
 			var err error
 			fmt.Fprintf(progress, "bench: %s ...\n", s)
@@ -152,7 +158,11 @@ func (b *bencher) handover(kind string, n, runs int) error {
 	next := 0
 	add := func() error {
 		next++
-		_, err := f.Add(fleet.Options{DSN: b.dsn, Key: name, ID: fmt.Sprintf("c%d", next)})
+		o := fleet.Options{DSN: b.dsn, Key: name, ID: fmt.Sprintf("c%d", next)}
+		if strings.HasPrefix(kind, "crowd") {
+			o.Interval, o.Deadline, o.Lease = b.crowd.Interval, b.crowd.Deadline, b.crowd.Lease
+		}
+		_, err := f.Add(o)
 		return err
 	}
 	for i := 0; i < n; i++ {
