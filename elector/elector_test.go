@@ -352,7 +352,7 @@ func TestKilledLeaderProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, r, opts{dsn: srv.DSN(), key: key, id: "kill-follower"})
-	time.Sleep(2 * tInterval) // let the follower queue on the lock (not needed for correctness)
+	waitWaiter(t, srv, key, "kill-follower") // measure the lock manager's handover, not a campaign round
 	child.Signal(syscall.SIGKILL)
 	killed := time.Now()
 	e := r.next("elected", "kill-follower")

@@ -195,7 +195,7 @@ func TestConcurrentFencedWriters(t *testing.T) {
 	}
 	cur := r.next("elected", "")
 	for round := 0; round < 6; round++ {
-		time.Sleep(50 * time.Millisecond) // let the leader write
+		waitWrites(t, srv, key, cur.term) // the leader has written under its term
 		fault := []string{"resign", "terminate", "blackhole"}[round%3]
 		t.Logf("round %d: %s leads term %d; fault: %s", round, cur.id, cur.term, fault)
 		switch fault {
@@ -315,5 +315,24 @@ func waitAllSee(t *testing.T, els map[string]*running, id string) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+}
+
+// waitWrites waits until a write under term is in the table.
+func waitWrites(t *testing.T, srv *testpg.Server, key leader.Key, term int64) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for {
+		n, err := srv.QueryInt(context.Background(), `SELECT count(*) FROM fenced_writes WHERE key_name = $1 AND term = $2`, key.String(), term)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no write under term %d", term)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
