@@ -79,7 +79,7 @@ func consume(ctx context.Context, brokers []string, topic string, l leader.Leade
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumerGroup("pgleader-singleton"),
 		kgo.ConsumeTopics(topic),
-		kgo.DisableAutoCommit(),
+		kgo.AutoCommitMarks(), // commit only what was processed (marked)
 	)
 	if err != nil {
 		return err
