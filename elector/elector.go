@@ -534,11 +534,9 @@ func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, sess lockconn.Sessio
 	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
 	if !graceful {
 		lockconn.Close(conn) // the lock is gone or in doubt: end the session now
-	}
-	log.Info("stepping down", zap.NamedError("reason", reason))
-	if !graceful {
 		e.note(func(st *Status) { st.LastError = reason.Error() })
 	}
+	log.Info("stepping down", zap.NamedError("reason", reason))
 	if !e.waitCallbackFor(cbDone, c.ReleaseTimeout) {
 		log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
 			zap.Duration("release_timeout", c.ReleaseTimeout))
