@@ -117,11 +117,18 @@ func Run(t testing.TB, cfg Config) *Report {
 			t.Fatal(err)
 		}
 	}
+	// Broken electors start first and take the lock, so that the checker
+	// has something to catch; real electors then queue behind them.
+	for i := 0; i < cfg.Broken; i++ {
+		p := h.spawn(RoleBroken)
+		if i == 0 {
+			if _, err := p.child.WaitTimeout("elected", 30*time.Second); err != nil {
+				t.Fatalf("broken elector: %v", err)
+			}
+		}
+	}
 	for i := 0; i < cfg.Electors; i++ {
 		h.spawn(RoleElector)
-	}
-	for i := 0; i < cfg.Broken; i++ {
-		h.spawn(RoleBroken)
 	}
 	h.schedule()
 	h.finish()
