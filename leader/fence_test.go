@@ -24,7 +24,7 @@ func TestFenceOrdersAgainstNewTerm(t *testing.T) {
 	}
 	key := leader.KeyFromName(t.Name())
 	classid, objid, objsubid := key.LockTag()
-	if _, err := admin.Exec(ctx, `INSERT INTO fence_test_terms VALUES ($1, $2, $3, $4, 7, 'old', now())`, classid, objid, objsubid, key.String()); err != nil {
+	if _, err := admin.Exec(ctx, `INSERT INTO fence_test_terms VALUES ($1, $2, $3, $4, 7, 'old', now()) ON CONFLICT (classid, objid, objsubid) DO UPDATE SET term = 7`, classid, objid, objsubid, key.String()); err != nil {
 		t.Fatal(err)
 	}
 	old := leader.Leadership{Key: key, Term: 7, TermsTable: table}

@@ -140,7 +140,7 @@ func TestLockTxNamespacesAndTimeouts(t *testing.T) {
 func TestRunTxIdempotency(t *testing.T) {
 	p := pool(t, 4)
 	ctx := context.Background()
-	if _, err := p.Exec(ctx, `CREATE TABLE IF NOT EXISTS processed (event_id int PRIMARY KEY)`); err != nil {
+	if _, err := p.Exec(ctx, `CREATE TABLE IF NOT EXISTS processed (event_id int PRIMARY KEY); DELETE FROM processed WHERE event_id = 1001`); err != nil {
 		t.Fatal(err)
 	}
 	const webhooks = 3
