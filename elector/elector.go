@@ -221,7 +221,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	if !e.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	defer e.waitCallback(nil)
+	defer e.waitCallback(context.Background()) // for good: Run returns after OnElected
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 25 * time.Millisecond
 	bo.MaxInterval = e.cfg.ReconnectMaxDelay
@@ -590,8 +590,7 @@ func (e *Elector) waitCallbackFor(done chan struct{}, d time.Duration) bool {
 }
 
 // waitCallback waits for the last OnElected to return, logging an error
-// every ReleaseTimeout. With a nil ctx it waits for good; otherwise it
-// returns ctx's error when ctx ends first.
+// every ReleaseTimeout, and returns ctx's error when ctx ends first.
 func (e *Elector) waitCallback(ctx context.Context) error {
 	e.mu.Lock()
 	done := e.cbDone
@@ -599,17 +598,13 @@ func (e *Elector) waitCallback(ctx context.Context) error {
 	if done == nil {
 		return nil
 	}
-	var ctxDone <-chan struct{}
-	if ctx != nil {
-		ctxDone = ctx.Done()
-	}
 	for {
 		t := time.NewTimer(max(e.cfg.ReleaseTimeout, time.Second))
 		select {
 		case <-done:
 			t.Stop()
 			return nil
-		case <-ctxDone:
+		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
 		case <-t.C:

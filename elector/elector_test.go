@@ -336,7 +336,7 @@ func TestServerSideLeaseFreesLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Err != leader.ErrConnectionLost.Error() && d.Err != leader.ErrRenewDeadline.Error() {
+	if d.Err != "connection_lost" && d.Err != "renew_deadline" {
 		t.Fatalf("resumed leader demoted with %q", d.Err)
 	}
 }

@@ -3,7 +3,6 @@ package elector_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -248,7 +247,7 @@ func childMain(role string) int {
 				em.Emit(testpg.Event{Ev: "ctxdone", Identity: id, Term: l.Term})
 			},
 			OnDemoted: func(l leader.Leadership, reason error) {
-				em.Emit(testpg.Event{Ev: "demoted", Identity: id, Term: l.Term, Err: reasonName(reason)})
+				em.Emit(testpg.Event{Ev: "demoted", Identity: id, Term: l.Term, Err: leader.ReasonLabel(reason)})
 			},
 		},
 		RenewInterval:  dur("CHILD_INTERVAL", tInterval),
@@ -291,16 +290,6 @@ func childMain(role string) int {
 		return 1
 	}
 	return 0
-}
-
-func reasonName(err error) string {
-	for _, r := range []error{leader.ErrConnectionLost, leader.ErrLockLost, leader.ErrRenewDeadline,
-		leader.ErrResigned, leader.ErrCallbackReturned, leader.ErrTransactionPooling, context.Canceled} {
-		if errors.Is(err, r) {
-			return r.Error()
-		}
-	}
-	return fmt.Sprint(err)
 }
 
 func startChild(t testing.TB, dsn, key, id string, env ...string) *testpg.Child {
