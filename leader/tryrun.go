@@ -139,10 +139,13 @@ func TryRun(ctx context.Context, c Connector, key Key, opts RunOptions, fn func(
 		held = lockconn.Check(ctx, conn, tag, sess) == nil
 	case err != nil:
 		return fmt.Errorf("pgleader: TryRun: %w", lockconn.Pooling(err))
-	case sess.Same(r.PID, r.Token) != nil:
-		return sess.Same(r.PID, r.Token)
-	case r.Already:
-		return fmt.Errorf("%w: this session's backend (pid %d) already held the lock", ErrTransactionPooling, r.PID)
+	default:
+		if err := sess.Same(r.PID, r.Token); err != nil {
+			return err
+		}
+		if r.Already {
+			return fmt.Errorf("%w: this session's backend (pid %d) already held the lock", ErrTransactionPooling, r.PID)
+		}
 	}
 	wait := time.Since(start)
 	opts.Observer.LockWaited(key, wait, held)
