@@ -15,7 +15,8 @@ var (
 	// server-side lease). The lock is gone with the session.
 	ErrConnectionLost = lockconn.ErrConnectionLost
 	// ErrLockLost: the connection answered, but its backend no longer holds
-	// the lock (for example DISCARD ALL or pg_advisory_unlock_all ran on it).
+	// the lock (for example pg_advisory_unlock_all ran on it). A DISCARD ALL
+	// also wipes the session token, which reads as ErrTransactionPooling.
 	ErrLockLost = lockconn.ErrLockLost
 	// ErrRenewDeadline: no renew succeeded within the trust window
 	// (RenewDeadline), so leadership is in doubt.

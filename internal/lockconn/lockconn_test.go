@@ -127,3 +127,29 @@ func BenchmarkCampaignRound(b *testing.B) {
 		br.Close()
 	}
 }
+
+// DISCARD ALL (what poolers run between clients) releases the lock and
+// wipes the session token; pg_advisory_unlock_all releases only the lock.
+func TestSessionResets(t *testing.T) {
+	ctx := context.Background()
+	tag := lockconn.TagOf(leader.KeyFromName(t.Name()))
+	for _, tc := range []struct {
+		sql  string
+		want error
+	}{
+		{"SELECT pg_advisory_unlock_all()", lockconn.ErrLockLost},
+		{"DISCARD ALL", lockconn.ErrTransactionPooling},
+	} {
+		conn, sess := session(t, "reset-test", time.Second)
+		if _, held, err := acquire(t, conn, tag); err != nil || !held {
+			t.Fatalf("acquire: %v", err)
+		}
+		if _, err := conn.Exec(ctx, tc.sql); err != nil {
+			t.Fatal(err)
+		}
+		if err := lockconn.Check(ctx, conn, tag, sess); !errors.Is(err, tc.want) {
+			t.Fatalf("after %s: want %v, got %v", tc.sql, tc.want, err)
+		}
+		lockconn.Close(conn)
+	}
+}
