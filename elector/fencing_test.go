@@ -114,16 +114,24 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	if w, err := child.WaitTimeout("write", waitLong); err != nil || w.Err != "" {
 		t.Fatalf("write as leader: %+v %v", w, err)
 	}
+	newWrote := make(chan error, 1)
 	start(t, r, opts{dsn: srv.DSN(), key: key, id: "new", fencing: fencingOn, onLead: func(ctx context.Context, l leader.Leadership) {
-		if err := fencedWrite(ctx, srv.DSN(), l); err != nil {
-			t.Errorf("new leader's write: %v", err)
-		}
+		newWrote <- fencedWrite(ctx, srv.DSN(), l)
 		<-ctx.Done()
 	}})
 	child.Signal(syscall.SIGSTOP)
 	nl := r.next("elected", "new")
 	if nl.term != el.Term+1 {
 		t.Fatalf("new term %d, want %d", nl.term, el.Term+1)
+	}
+	// The new leader's own write lands first: the check below needs it.
+	select {
+	case err := <-newWrote:
+		if err != nil {
+			t.Fatalf("new leader's write: %v", err)
+		}
+	case <-time.After(waitLong):
+		t.Fatal("the new leader did not write")
 	}
 	child.Signal(syscall.SIGCONT)
 	child.Send("write")
