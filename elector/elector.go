@@ -44,10 +44,14 @@ type Elector struct {
 	bumpSQL    string // "" without fencing
 	bumpArgs   []any
 
-	ran        atomic.Bool
-	leading    atomic.Bool
-	trustUntil atomic.Int64 // ns since epoch; IsLeader is false past it
-	leaderID   atomic.Pointer[string]
+	ran     atomic.Bool
+	leading atomic.Bool
+	// OnNewLeader runs on its own goroutine: setLeader stores the latest
+	// identity here and pokes newLeader.
+	pendingLeader atomic.Pointer[string]
+	newLeader     chan struct{}
+	trustUntil    atomic.Int64 // ns since epoch; IsLeader is false past it
+	leaderID      atomic.Pointer[string]
 
 	mu     sync.Mutex
 	tenure *tenure
@@ -110,11 +114,19 @@ func (e *Elector) note(f func(st *Status)) {
 	e.mu.Unlock()
 }
 
+// tenure is one term of leadership, from the election to OnDemoted.
 type tenure struct {
 	l       leader.Leadership
+	ctx     context.Context // OnElected's; cancelled when the step-down begins
 	cancel  context.CancelCauseFunc
-	demoted chan struct{}
+	cbDone  chan struct{} // closed when OnElected returned
+	demoted chan struct{} // closed after OnDemoted
+	lastOK  time.Time     // when the last successful check was sent
+	log     *zap.Logger
 }
+
+// tenureKey marks OnElected's context with its tenure.
+type tenureKey struct{}
 
 // New validates cfg, fills in defaults and returns an Elector. A bad config
 // gives a *ConfigError naming the field and the rule (errors.Is
@@ -138,6 +150,8 @@ func New(cfg Config) (*Elector, error) {
 	}
 	empty := ""
 	e.leaderID.Store(&empty)
+	e.pendingLeader.Store(&empty)
+	e.newLeader = make(chan struct{}, 1)
 	e.obs = cfg.Observer
 	e.st = Status{Identity: cfg.Identity, Key: cfg.Key, LastRound: time.Now(),
 		RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
@@ -174,19 +188,30 @@ func (e *Elector) Leadership() (leader.Leadership, bool) {
 }
 
 // Resign steps down now if this elector leads: it cancels the OnElected
-// context, waits for OnElected to return (bounded by ReleaseTimeout),
-// releases the lock so that a waiting candidate takes over at once, and
-// calls OnDemoted with leader.ErrResigned. It returns when all of that is
-// done, or when ctx ends. It returns leader.ErrNotLeader when there is
-// nothing to resign. The elector campaigns again after one RenewInterval.
+// context, waits for OnElected to return while it keeps renewing the lock
+// (bounded by ReleaseTimeout), releases the lock so that a waiting
+// candidate takes over at once, and calls OnDemoted with
+// leader.ErrResigned. It returns when all of that is done, or when ctx
+// ends. It returns leader.ErrNotLeader when there is nothing to resign. The
+// elector campaigns again after one RenewInterval.
+//
+// From inside OnElected, pass OnElected's own context (or one derived from
+// it): Resign then starts the step-down and returns nil at once, and the
+// rest happens when OnElected returns. (Returning from OnElected resigns as
+// well.) With another context it would wait for OnElected, which is
+// waiting for it, until ReleaseTimeout.
 func (e *Elector) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	t := e.tenure
 	e.mu.Unlock()
-	if t == nil {
-		return leader.ErrNotLeader
+	own, fromCallback := ctx.Value(tenureKey{}).(*tenure)
+	if t == nil || (fromCallback && own != t) {
+		return leader.ErrNotLeader // no tenure, or a past tenure's callback
 	}
 	t.cancel(leader.ErrResigned)
+	if fromCallback {
+		return nil
+	}
 	select {
 	case <-t.demoted:
 		return nil
@@ -207,21 +232,69 @@ func (e *Elector) setLeader(id string) {
 	}
 	e.log.Info("new leader seen", zap.String("leader", id))
 	if e.cfg.Callbacks.OnNewLeader != nil {
-		e.cfg.Callbacks.OnNewLeader(id)
+		e.pendingLeader.Store(&id)
+		select {
+		case e.newLeader <- struct{}{}:
+		default: // a report is pending; it will carry the latest identity
+		}
+	}
+}
+
+// reportLeaders calls OnNewLeader off the elector's goroutine, in order,
+// coalescing: a slow callback is next called with the latest leader, not
+// with every one in between. It returns when stop closes.
+func (e *Elector) reportLeaders(stop <-chan struct{}) {
+	last := ""
+	for {
+		select {
+		case <-stop:
+			return
+		case <-e.newLeader:
+			if id := *e.pendingLeader.Load(); id != last {
+				last = id
+				e.cfg.Callbacks.OnNewLeader(id)
+			}
+		}
 	}
 }
 
 // Run campaigns for the lock, leads while it holds it, and campaigns again
 // after each demotion, reconnecting as needed, until ctx ends. It then
 // steps down gracefully (see Resign), closes its connection, waits for every
-// goroutine it started, and returns nil. It returns an error only for
-// problems retrying cannot fix, such as leader.ErrTransactionPooling, and
-// ErrAlreadyRunning when called a second time.
+// goroutine it started, and returns nil.
+//
+// Run returns an error only for problems retrying cannot fix, at once and
+// logged at error level:
+//   - leader.ErrTransactionPooling: the connection goes through a
+//     transaction-pooling proxy;
+//   - leader.ErrNoTermsTable: with fencing, the terms table is missing (and
+//     NoCreate is set) or the role lacks a privilege on it (SQLSTATE 42501);
+//   - leader.ErrReadOnly: with fencing, the database is read-only for this
+//     role (25006);
+//   - leader.ErrRejected: a DSN connector's login was refused (28P01,
+//     28000) or its database does not exist (3D000);
+//   - ErrAlreadyRunning, when called a second time.
+//
+// The server's *pgconn.PgError stays in the chain (errors.As). Everything
+// else is retried with a jittered exponential backoff capped at
+// ReconnectMaxDelay (the backoff resets only after a session that lasted
+// LeaseDuration, so a server that accepts and then drops every session
+// does not cause a tight loop): connection failures, restarts, too many
+// connections, a custom Connector's errors (it may fetch fresh credentials
+// each time), and leader.ErrStandby, which is logged at error level on
+// every attempt and retried no faster than every RenewInterval, since a
+// standby may be promoted and a multi-host DSN finds the new primary.
+// Status().LastError shows the latest error meanwhile.
 func (e *Elector) Run(ctx context.Context) error {
 	if !e.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
 	defer e.waitCallback(context.Background()) // for good: Run returns after OnElected
+	if e.cfg.Callbacks.OnNewLeader != nil {
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		go func() { defer close(stopped); e.reportLeaders(stop) }()
+		defer func() { close(stop); <-stopped }()
+	}
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 25 * time.Millisecond
 	bo.MaxInterval = e.cfg.ReconnectMaxDelay
@@ -241,14 +314,19 @@ func (e *Elector) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, leader.ErrTransactionPooling) || errors.Is(err, leader.ErrNoTermsTable) {
-			e.log.Error("giving up", zap.Error(err))
+		e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = false, time.Now(), err.Error() })
+		if Permanent(err) {
+			e.log.Error("giving up: retrying cannot fix this", zap.Error(err))
 			return err
 		}
 		attempt++
 		delay := bo.NextBackOff()
-		e.log.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-		e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = false, time.Now(), err.Error() })
+		if errors.Is(err, leader.ErrStandby) {
+			delay = max(delay, e.cfg.RenewInterval)
+			e.log.Error("connected to a standby; reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+		} else {
+			e.log.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+		}
 		e.obs.Reconnecting(e.cfg.Key, e.cfg.Identity, attempt, delay, err)
 		t := time.NewTimer(delay)
 		select {
@@ -258,6 +336,17 @@ func (e *Elector) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// Permanent reports whether Run gives up on err rather than retrying: see
+// Run for the list.
+func Permanent(err error) bool {
+	for _, p := range []error{leader.ErrTransactionPooling, leader.ErrNoTermsTable, leader.ErrReadOnly, leader.ErrRejected} {
+		if errors.Is(err, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // connectAndServe opens a connection, campaigns and leads on it until it
@@ -270,15 +359,19 @@ func (e *Elector) connectAndServe(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("connect: %w", err)
 	}
 	defer lockconn.Close(conn)
-	sess, err := e.setup(ctx, conn)
+	// The setup statements are bounded like the connection attempt.
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.LeaseDuration)
+	defer cancel()
+	sess, err := e.setup(sctx, conn)
 	if err != nil {
 		return 0, fmt.Errorf("session setup: %w", err)
 	}
 	if f := e.cfg.Fencing; f.Enabled {
-		if err := terms.Ensure(ctx, conn, f.Table, !f.NoCreate); err != nil {
+		if err := terms.Ensure(sctx, conn, f.Table, !f.NoCreate); err != nil {
 			return 0, fmt.Errorf("fencing: %w", err)
 		}
 	}
+	cancel()
 	e.log.Info("connected", zap.Uint32("backend_pid", sess.PID))
 	e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = true, time.Now(), "" })
 	began := time.Now()
@@ -355,11 +448,23 @@ func (e *Elector) serve(ctx context.Context, conn *pgx.Conn, sess lockconn.Sessi
 // PostgreSQL then reports the timeout and the session keeps the lock. So
 // after a timed-out round the lock is "possibly held", and the next round,
 // finding it held by this backend, takes it as won.
+//
+// The round has a client-side deadline: its lock wait plus RenewDeadline.
+// A proxy that keeps the socket open but forwards nothing ends the round
+// there with ErrConnectionLost, and Run reconnects.
 func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, possiblyHeld *bool) (won bool, sent time.Time, err error) {
 	b := &pgx.Batch{}
 	b.Queue(e.holderSQL)
 	b.Queue(e.acquireSQL, e.tag.Vals...)
 	sent = time.Now()
+	ctx, cancel := context.WithDeadline(ctx, sent.Add(e.cfg.RenewInterval+e.cfg.RenewDeadline))
+	defer cancel()
+	defer func() {
+		if err != nil && ctx.Err() == context.DeadlineExceeded && !errors.Is(err, leader.ErrConnectionLost) {
+			err = fmt.Errorf("%w: no answer to a campaign round within its lock wait plus RenewDeadline (%s): %w",
+				leader.ErrConnectionLost, e.cfg.RenewInterval+e.cfg.RenewDeadline, err)
+		}
+	}()
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
 	var holder string
@@ -377,8 +482,7 @@ func (e *Elector) campaign(ctx context.Context, conn *pgx.Conn, sess lockconn.Se
 		e.setLeader(holder)
 	}
 	r, err := lockconn.ScanAcquire(br.QueryRow())
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable {
+	if lockconn.IsLockTimeout(err) {
 		e.log.Debug("lock busy; campaigning again", zap.String("holder", holder))
 		br.Close() // returns the same lock timeout error
 		*possiblyHeld = true
@@ -450,112 +554,216 @@ func (e *Elector) checkAndBump(ctx context.Context, conn *pgx.Conn, sess lockcon
 	err := br.QueryRow().Scan(&term)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable:
+	case lockconn.IsLockTimeout(err):
 		br.Close()
 		return 0, errTermBusy
 	case errors.As(err, &pgErr):
 		return 0, fmt.Errorf("install term: %w", terms.Classify(err, e.cfg.Fencing.Table))
 	case err != nil:
-		return 0, fmt.Errorf("%w: install term: %v", leader.ErrConnectionLost, err)
+		return 0, fmt.Errorf("%w: install term: %w", leader.ErrConnectionLost, err)
 	}
 	return term, br.Close()
 }
 
-// lead runs one tenure, from the lock being granted to the demotion. It
-// reports the reason, and whether the connection is still fit for use.
+// lead runs one tenure, from the lock being granted to the demotion:
+// begin, hold, step down. It reports the reason, and whether the connection
+// is still fit for use.
 func (e *Elector) lead(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, sent time.Time) (reason error, keepConn bool) {
-	c := e.cfg
-	pid := sess.PID
 	vsent, term, err := e.confirm(conn, sess, sent)
 	if errors.Is(err, errTermStuck) {
 		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
-			zap.String("table", c.Fencing.Table))
+			zap.String("table", e.cfg.Fencing.Table))
 		return err, e.unlock(conn) == nil
 	}
 	if err != nil {
 		return err, false
 	}
-	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
+	t := e.begin(ctx, sess, term, vsent, sent)
+	reason = e.hold(t, conn, sess)
+	return e.stepDown(ctx, conn, sess, t, reason)
+}
+
+// begin starts a tenure: it opens the trust window, starts OnElected, and
+// only then reports the election (log, Observer, OnNewLeader), so that
+// nothing of the user's runs between the lock check and OnElected.
+func (e *Elector) begin(ctx context.Context, sess lockconn.Session, term int64, vsent, campaignSent time.Time) *tenure {
+	c := e.cfg
+	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: sess.PID}
 	if c.Fencing.Enabled {
 		l.TermsTable = c.Fencing.Table
 	}
-	leadCtx, cancel := context.WithCancelCause(ctx)
-	t := &tenure{l: l, cancel: cancel, demoted: make(chan struct{})}
-	cbDone := make(chan struct{})
-	e.mu.Lock()
-	e.tenure, e.cbDone = t, cbDone
-	e.mu.Unlock()
-	e.note(func(st *Status) {
-		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
-	})
+	t := &tenure{l: l, demoted: make(chan struct{}), cbDone: make(chan struct{}), lastOK: vsent}
+	// The marker lets Resign know a call made with OnElected's own context.
+	leadCtx, cancel := context.WithCancelCause(context.WithValue(ctx, tenureKey{}, t))
+	t.ctx, t.cancel = leadCtx, cancel
+	t.log = e.log.With(zap.Int64("term", term), zap.Uint32("backend_pid", sess.PID))
 	e.trustUntil.Store(int64(vsent.Sub(e.epoch) + c.RenewDeadline))
 	e.leading.Store(true)
-	log := e.log.With(zap.Int64("term", term), zap.Uint32("backend_pid", pid))
-	log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(sent)))
-	e.obs.Elected(l)
-	e.setLeader(c.Identity)
+	e.mu.Lock()
+	e.tenure, e.cbDone = t, t.cbDone
+	e.mu.Unlock()
 	go func() {
-		defer close(cbDone)
+		defer close(t.cbDone)
 		defer cancel(leader.ErrCallbackReturned)
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
+	e.note(func(st *Status) {
+		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
+	})
+	t.log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(campaignSent)))
+	e.obs.Elected(l)
+	e.setLeader(c.Identity)
+	return t
+}
 
-	lastOK := vsent
-	for reason == nil {
-		// Between renews, read the idle socket: a terminated backend's
-		// FATAL message or EOF ends the wait at once.
-		werr := lockconn.WaitIdle(leadCtx, conn, lastOK.Add(c.RenewInterval))
+// hold keeps the tenure: it renews on the RenewInterval schedule and reads
+// the idle socket in between, so that a terminated backend's FATAL message
+// or EOF ends the tenure at once. It returns the reason the tenure ends:
+// the cause of OnElected's context (a resign, OnElected returning, Run's
+// context) or a fault.
+func (e *Elector) hold(t *tenure, conn *pgx.Conn, sess lockconn.Session) error {
+	for {
+		werr := lockconn.WaitIdle(t.ctx, conn, t.lastOK.Add(e.cfg.RenewInterval))
 		switch {
-		case leadCtx.Err() != nil:
-			reason = context.Cause(leadCtx)
+		case t.ctx.Err() != nil:
+			return context.Cause(t.ctx)
 		case werr != nil:
-			reason = werr
-		default: // time to renew
-			rsent := time.Now()
-			rctx, rcancel := context.WithDeadline(context.Background(), lastOK.Add(c.RenewDeadline))
-			reason = lockconn.Check(rctx, conn, e.tag, sess)
-			rcancel()
-			if reason == nil {
-				lastOK = rsent
-				e.trustUntil.Store(int64(rsent.Sub(e.epoch) + c.RenewDeadline))
-				latency := time.Since(rsent)
-				e.note(func(st *Status) { st.LastRenew, st.LastRound = rsent, time.Now() })
-				e.obs.Renewed(l, latency)
-				log.Debug("renewed", zap.Duration("latency", latency))
-			}
+			return werr
+		}
+		if err := e.renew(t, conn, sess, true); err != nil {
+			return err
 		}
 	}
+}
 
-	// Demotion: stop trusting, cancel OnElected, release, report.
+// renew proves that this session's backend still holds the lock. The check
+// must answer within the trust window, RenewDeadline from when the last
+// successful renew was sent; a successful one moves the window to its own
+// send time. While leading (not draining) it also extends IsLeader.
+func (e *Elector) renew(t *tenure, conn *pgx.Conn, sess lockconn.Session, leading bool) error {
+	rsent := time.Now()
+	rctx, cancel := context.WithDeadline(context.Background(), t.lastOK.Add(e.cfg.RenewDeadline))
+	err := lockconn.Check(rctx, conn, e.tag, sess)
+	cancel()
+	if err != nil {
+		return err
+	}
+	t.lastOK = rsent
+	if leading {
+		e.trustUntil.Store(int64(rsent.Sub(e.epoch) + e.cfg.RenewDeadline))
+	}
+	latency := time.Since(rsent)
+	e.note(func(st *Status) { st.LastRenew, st.LastRound = rsent, time.Now() })
+	e.obs.Renewed(t.l, latency)
+	t.log.Debug("renewed", zap.Duration("latency", latency), zap.Bool("draining", !leading))
+	return nil
+}
+
+// errReleaseTimeout: OnElected did not return within ReleaseTimeout.
+var errReleaseTimeout = errors.New("OnElected did not return within ReleaseTimeout")
+
+// stepDown ends a tenure: stop trusting, cancel OnElected, then either
+// drain (a graceful step-down: keep the lock, renewed, until OnElected
+// returns) and unlock, or (a fault: the lock is gone or in doubt) close the
+// session at once and wait for OnElected. OnDemoted comes last.
+func (e *Elector) stepDown(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, t *tenure, reason error) (error, bool) {
+	c := e.cfg
+	releaseAt := time.Now().Add(c.ReleaseTimeout)
 	e.leading.Store(false)
 	e.trustUntil.Store(0)
-	cancel(reason)
-	e.obs.Demoted(l, reason)
+	t.cancel(reason)
+	e.obs.Demoted(t.l, reason)
 	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
+	keepConn := false
+	if graceful {
+		t.log.Info("stepping down: waiting for OnElected to return, renewing meanwhile", zap.NamedError("reason", reason))
+		switch fault := e.drain(t, conn, sess, releaseAt); {
+		case fault == nil:
+			keepConn = e.unlock(conn) == nil
+		case errors.Is(fault, errReleaseTimeout):
+			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
+				zap.Duration("release_timeout", c.ReleaseTimeout))
+			keepConn = e.unlock(conn) == nil
+		default:
+			t.log.Error("the lock was lost while OnElected was returning; another leader may act before it returns",
+				zap.NamedError("resign_reason", reason), zap.Error(fault))
+			reason = fault
+			graceful = false
+		}
+	}
 	if !graceful {
 		lockconn.Close(conn) // the lock is gone or in doubt: end the session now
 		e.note(func(st *Status) { st.LastError = reason.Error() })
-	}
-	log.Info("stepping down", zap.NamedError("reason", reason))
-	if !e.waitCallbackFor(cbDone, c.ReleaseTimeout) {
-		log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
-			zap.Duration("release_timeout", c.ReleaseTimeout))
-	}
-	if graceful {
-		if keepConn = e.unlock(conn) == nil; !keepConn {
-			lockconn.Close(conn)
+		t.log.Warn("stepping down", zap.NamedError("reason", reason))
+		if !waitUntil(t.cbDone, releaseAt) {
+			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled",
+				zap.Duration("release_timeout", c.ReleaseTimeout))
 		}
+	} else if !keepConn {
+		lockconn.Close(conn)
 	}
 	e.setLeaderIfSelf()
-	log.Info("demoted", zap.NamedError("reason", reason))
+	t.log.Info("demoted", zap.NamedError("reason", reason))
 	if c.Callbacks.OnDemoted != nil {
-		c.Callbacks.OnDemoted(l, reason)
+		c.Callbacks.OnDemoted(t.l, reason)
 	}
 	e.mu.Lock()
 	e.tenure = nil
 	e.mu.Unlock()
 	close(t.demoted)
 	return reason, keepConn
+}
+
+// drain keeps a stepping-down leader's session alive and its lock checked
+// on the renew schedule while OnElected returns, so that the server-side
+// lease never frees the lock under a callback that is still running. It
+// returns nil when OnElected returned, errReleaseTimeout at releaseAt, or
+// the fault that lost the lock or the connection.
+func (e *Elector) drain(t *tenure, conn *pgx.Conn, sess lockconn.Session, releaseAt time.Time) error {
+	dctx, cancel := context.WithDeadline(context.Background(), releaseAt)
+	defer cancel()
+	go func() {
+		select {
+		case <-t.cbDone:
+			cancel()
+		case <-dctx.Done():
+		}
+	}()
+	for {
+		select {
+		case <-t.cbDone:
+			return nil
+		default:
+		}
+		werr := lockconn.WaitIdle(dctx, conn, t.lastOK.Add(e.cfg.RenewInterval))
+		select {
+		case <-t.cbDone:
+			return nil
+		default:
+		}
+		switch {
+		case dctx.Err() != nil:
+			return errReleaseTimeout
+		case werr != nil:
+			return werr
+		}
+		if err := e.renew(t, conn, sess, false); err != nil {
+			return err
+		}
+	}
+}
+
+// waitUntil waits for done until the deadline; it reports whether done
+// closed.
+func waitUntil(done chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 func (e *Elector) setLeaderIfSelf() {
@@ -575,18 +783,6 @@ func (e *Elector) unlock(conn *pgx.Conn) error {
 		e.log.Warn("unlock failed; closing the connection to release the lock", zap.Error(err))
 	}
 	return err
-}
-
-// waitCallbackFor waits up to d for done; it reports whether done closed.
-func (e *Elector) waitCallbackFor(done chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
 }
 
 // waitCallback waits for the last OnElected to return, logging an error

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -239,6 +240,11 @@ func TestBackendTerminated(t *testing.T) {
 	d := r.next("demoted", first.id)
 	if !errors.Is(d.reason, leader.ErrConnectionLost) {
 		t.Fatalf("reason %v, want ErrConnectionLost", d.reason)
+	}
+	// The server's FATAL stays in the chain beside the sentinel.
+	var pgErr *pgconn.PgError
+	if !errors.As(d.reason, &pgErr) || pgErr.Code != "57P01" {
+		t.Fatalf("reason %v: want the server's 57P01 admin_shutdown in the chain", d.reason)
 	}
 	next := r.next("elected", "")
 	t.Logf("%s elected %s after %s's backend was terminated", next.id, next.at.Sub(d.at), first.id)

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
 )
 
 func mustConn(t testing.TB, srv *testpg.Server) *pgx.Conn {
@@ -17,4 +18,14 @@ func mustConn(t testing.TB, srv *testpg.Server) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// waitWaiter waits until the elector named id queues on key.
+func waitWaiter(t testing.TB, srv *testpg.Server, key leader.Key, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := testpg.WaitWaiter(ctx, mustConn(t, srv), key, id); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -146,6 +146,12 @@ type running struct {
 // start runs an elector until the test ends (or stop is called).
 func start(t testing.TB, r *recorder, o opts) *running {
 	t.Helper()
+	return startWith(t, r, o, nil)
+}
+
+// startWith is start with a last edit of the Config.
+func startWith(t testing.TB, r *recorder, o opts, edit func(*elector.Config)) *running {
+	t.Helper()
 	onLead := o.onLead
 	if onLead == nil {
 		onLead = func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }
@@ -179,6 +185,9 @@ func start(t testing.TB, r *recorder, o opts) *running {
 	}
 	if o.deadline != 0 {
 		cfg.RenewDeadline = o.deadline
+	}
+	if edit != nil {
+		edit(&cfg)
 	}
 	e, err := elector.New(cfg)
 	if err != nil {

@@ -78,11 +78,3 @@ func TestElectorBehindPgBouncer(t *testing.T) {
 		}
 	})
 }
-
-// waitWaiter waits until id queues for key's lock.
-func waitWaiter(t *testing.T, srv *testpg.Server, key leader.Key, id string) {
-	t.Helper()
-	if err := testpg.WaitWaiter(context.Background(), mustConn(t, srv), key, id); err != nil {
-		t.Fatal(err)
-	}
-}

@@ -2,13 +2,17 @@ package leader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Connector opens a dedicated connection for holding a session advisory
@@ -28,10 +32,13 @@ func (f ConnectFunc) Connect(ctx context.Context) (*pgx.Conn, error) { return f(
 
 // DSN returns a Connector for a PostgreSQL connection string (URL or
 // key=value form, as pgx.ParseConfig takes it; multi-host strings with
-// target_session_attrs=read-write work). It turns on client TCP keepalives
+// target_session_attrs=read-write work; a multi-host string without
+// target_session_attrs gets target_session_attrs=primary, so that it finds
+// the primary rather than the first standby). It turns on client TCP keepalives
 // and uses no named prepared statements. A string that does not parse gives
 // a Connector whose Connect fails; ConnectorError reports it up front. The
-// error never shows the password.
+// error never shows the password. Logins the server rejects for good (bad
+// credentials, no such database) give ErrRejected.
 func DSN(dsn string) Connector {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -44,6 +51,13 @@ func DSN(dsn string) Connector {
 		},
 	}
 	cfg.DialFunc = d.DialContext
+	// A multi-host string that names no target_session_attrs would stop at
+	// the first host that answers, a standby included; an elector needs the
+	// primary. One extra round trip per connection, only for such strings.
+	if cfg.ValidateConnect == nil && hostCount(cfg) > 1 &&
+		!strings.Contains(dsn, "target_session_attrs") && os.Getenv("PGTARGETSESSIONATTRS") == "" {
+		cfg.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsPrimary
+	}
 	// No named prepared statements: the few lock queries are cheap to parse,
 	// and the session stays usable (and its checks meaningful) behind a
 	// pooler.
@@ -69,7 +83,27 @@ func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 	if c.err != nil {
 		return nil, c.err
 	}
-	return pgx.ConnectConfig(ctx, c.cfg)
+	conn, err := pgx.ConnectConfig(ctx, c.cfg)
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01", "28000", "3D000": // bad password or role, no hba entry, no such database
+			return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+		}
+	}
+	if err != nil && errors.Is(err, pgconn.ErrStandbyConnection) {
+		return nil, fmt.Errorf("%w: every host is a standby: %w", ErrStandby, err)
+	}
+	return conn, err
+}
+
+// hostCount counts the distinct host:port pairs a parsed config tries.
+func hostCount(cfg *pgx.ConnConfig) int {
+	seen := map[string]bool{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))): true}
+	for _, f := range cfg.Fallbacks {
+		seen[net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port)))] = true
+	}
+	return len(seen)
 }
 
 var (

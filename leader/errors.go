@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/terms"
 )
 
 // Reasons for a demotion, handed to OnDemoted and set as the cause of the
@@ -37,6 +38,25 @@ var (
 	ErrTransactionPooling = lockconn.ErrTransactionPooling
 	// ErrNotLeader is returned by calls that need leadership when there is none.
 	ErrNotLeader = errors.New("pgleader: not the leader")
+	// ErrStandby: the server is a hot standby (pg_is_in_recovery()). Advisory
+	// locks work there but do not exclude the primary's holders, so nothing
+	// in pgleader takes or keeps a lock on a standby. Connect to the
+	// primary, or list every host in the DSN with target_session_attrs=
+	// primary (DSN does that for multi-host strings that name no
+	// target_session_attrs). An elector keeps retrying: standbys get
+	// promoted, and a multi-host DSN finds the new primary.
+	ErrStandby = lockconn.ErrStandby
+	// ErrReadOnly: with fencing on, the database refused to write the terms
+	// table because the session is read-only (SQLSTATE 25006:
+	// default_transaction_read_only for the role or database). Not retried.
+	ErrReadOnly = terms.ErrReadOnly
+	// ErrRejected: the server refused a DSN connector's login for a reason
+	// the same connection string cannot get past: authentication failed
+	// (SQLSTATE 28P01, 28000: wrong password, unknown role, no pg_hba.conf
+	// entry) or the database does not exist (3D000). The *pgconn.PgError
+	// stays in the chain. Not retried; a custom Connector's errors are
+	// retried, since it may fetch fresh credentials each time.
+	ErrRejected = errors.New("pgleader: the server rejected the connection")
 )
 
 func isContextErr(err error) bool {

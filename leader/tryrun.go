@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 )
@@ -131,9 +130,8 @@ func TryRun(ctx context.Context, c Connector, key Key, opts RunOptions, fn func(
 	start := time.Now()
 	r, err := lockconn.ScanAcquire(conn.QueryRow(ctx, tag.AcquireSQL(fnName), append([]any{pgx.QueryExecModeExec}, tag.Vals...)...))
 	held := r.Held
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable:
+	case lockconn.IsLockTimeout(err):
 		// The wait timed out, but a grant can race the timeout and leave
 		// the session holding the lock: ask.
 		held = lockconn.Check(ctx, conn, tag, sess) == nil

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 )
@@ -25,11 +24,15 @@ var ErrInProgress = errors.New("pgleader: in progress elsewhere")
 // most until ctx's deadline; COMMIT or ROLLBACK releases it. The wait is
 // bounded on the server with lock_timeout, so a timeout leaves the
 // connection healthy; tx is then aborted and must be rolled back, and the
-// error matches ErrLockHeld. Use PairKey(namespace, id) keys so that
-// different workflows on the same entity do not block each other.
+// error matches ErrLockHeld (and, with errors.As, the server's
+// *pgconn.PgError). Use PairKey(namespace, id) keys so that different
+// workflows on the same entity do not block each other.
 //
-// The transaction's own lock_timeout is restored after the lock is taken.
-// The whole call is one round trip.
+// For the wait, the transaction's statement_timeout is lifted (a role's
+// short statement_timeout would otherwise end the wait early with a bare
+// query_canceled error); it and lock_timeout are restored after the lock is
+// taken. On a standby it takes nothing and returns ErrStandby. The whole
+// call is one round trip.
 func LockTx(ctx context.Context, tx pgx.Tx, key Key) error {
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -41,24 +44,35 @@ func LockTx(ctx context.Context, tx pgx.Tx, key Key) error {
 	}
 	t := lockconn.TagOf(key)
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('pgleader.saved_lock_timeout', current_setting('lock_timeout'), true)`)
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(1, remaining.Milliseconds()), 10))
-	b.Queue(`SELECT 1 FROM pg_advisory_xact_lock(`+t.Args+`)`, t.Vals...)
-	b.Queue(`SELECT set_config('lock_timeout', current_setting('pgleader.saved_lock_timeout'), true)`)
+	b.Queue(`SELECT set_config('pgleader.saved_lock_timeout', current_setting('lock_timeout'), true),`+
+		`set_config('pgleader.saved_statement_timeout', current_setting('statement_timeout'), true),`+
+		`set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)`,
+		strconv.FormatInt(max(1, remaining.Milliseconds()), 10))
+	var standby, locked bool
+	b.Queue(`SELECT r, CASE WHEN r THEN false ELSE (SELECT true FROM pg_advisory_xact_lock(`+t.Args+`)) END FROM pg_is_in_recovery() r`, t.Vals...).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&standby, &locked) })
+	b.Queue(`SELECT set_config('lock_timeout', current_setting('pgleader.saved_lock_timeout'), true),` +
+		`set_config('statement_timeout', current_setting('pgleader.saved_statement_timeout'), true)`)
 	err := tx.SendBatch(ctx, b).Close()
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == lockconn.LockNotAvailable {
-		return fmt.Errorf("%w: waited %s for %s", ErrLockHeld, remaining.Round(time.Millisecond), key)
+	if lockconn.IsLockTimeout(err) {
+		return fmt.Errorf("%w: waited %s for %s: %w", ErrLockHeld, remaining.Round(time.Millisecond), key, err)
+	}
+	if err == nil && standby {
+		return fmt.Errorf("%w: LockTx took nothing", ErrStandby)
 	}
 	return err
 }
 
 // TryLockTx takes key for the rest of tx if it is free
 // (pg_try_advisory_xact_lock) and reports whether it did. It never waits.
+// On a standby it takes nothing and returns ErrStandby.
 func TryLockTx(ctx context.Context, tx pgx.Tx, key Key) (bool, error) {
 	t := lockconn.TagOf(key)
-	var ok bool
-	err := tx.QueryRow(ctx, t.Call("pg_try_advisory_xact_lock"), t.Vals...).Scan(&ok)
+	var standby, ok bool
+	err := tx.QueryRow(ctx, `SELECT r, CASE WHEN r THEN false ELSE pg_try_advisory_xact_lock(`+t.Args+`) END FROM pg_is_in_recovery() r`, t.Vals...).Scan(&standby, &ok)
+	if err == nil && standby {
+		return false, fmt.Errorf("%w: TryLockTx took nothing", ErrStandby)
+	}
 	return ok, err
 }
 

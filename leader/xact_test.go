@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgleader/pgleader/leader"
@@ -182,5 +183,78 @@ func TestRunTxIdempotency(t *testing.T) {
 	}
 	if out, err := handle(func() {}); err != nil || out != "duplicate" {
 		t.Fatalf("after the first committed: %q %v", out, err)
+	}
+}
+
+// A role's short statement_timeout does not cut LockTx's wait short: the
+// wait lasts until the context's deadline and then reads as ErrLockHeld,
+// with the server's lock_timeout error in the chain; the role's
+// statement_timeout is back in force afterwards.
+func TestLockTxOverridesStatementTimeout(t *testing.T) {
+	srv := server(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		"DROP ROLE IF EXISTS impatient",
+		"CREATE ROLE impatient LOGIN",
+		"ALTER ROLE impatient SET statement_timeout = '200ms'",
+	} {
+		if err := srv.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := leader.KeyFromName(t.Name())
+	holder, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	id, _ := key.Int64()
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1::int8)", id); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, "postgres://impatient@"+srv.Addr()+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wait = time.Second
+	lctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	began := time.Now()
+	err = leader.LockTx(lctx, tx, key)
+	took := time.Since(began)
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, leader.ErrLockHeld) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("LockTx: %v; want ErrLockHeld with the server's 55P03", err)
+	}
+	if took < wait*3/4 {
+		t.Fatalf("LockTx gave up after %s, before its deadline of %s", took, wait)
+	}
+	tx.Rollback(ctx)
+	var st string
+	if err := conn.QueryRow(ctx, "SHOW statement_timeout").Scan(&st); err != nil || st != "200ms" {
+		t.Fatalf("statement_timeout after LockTx: %q, %v", st, err)
+	}
+
+	// Taken: the role's statement_timeout is restored inside the transaction.
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock($1::int8)", id); err != nil {
+		t.Fatal(err)
+	}
+	tx, err = conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	lctx2, cancel2 := context.WithTimeout(ctx, wait)
+	defer cancel2()
+	if err := leader.LockTx(lctx2, tx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&st); err != nil || st != "200ms" {
+		t.Fatalf("statement_timeout inside the transaction after LockTx: %q, %v", st, err)
 	}
 }

@@ -24,6 +24,7 @@ var (
 	ErrLockLost           = errors.New("pgleader: advisory lock no longer held")
 	ErrRenewDeadline      = errors.New("pgleader: renew deadline exceeded")
 	ErrTransactionPooling = errors.New("pgleader: connection is behind a transaction-pooling proxy (e.g. PgBouncer pool_mode=transaction); session advisory locks need a direct connection or session pooling")
+	ErrStandby            = errors.New("pgleader: the server is a standby (in recovery); advisory locks taken there do not exclude the primary's holders: connect to the primary, or list every host in the DSN with target_session_attrs=primary (or read-write)")
 )
 
 // SQLSTATE codes.
@@ -64,10 +65,11 @@ func (t Tag) where() string {
 	return fmt.Sprintf("l.locktype='advisory' AND l.classid=%d AND l.objid=%d AND l.objsubid=%d AND l.granted", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
-// CheckSQL returns the session's backend pid, its owner token, and whether
-// that backend holds the lock (granted), reading pg_locks for its own pid.
+// CheckSQL returns the session's backend pid, its owner token, whether
+// that backend holds the lock (granted), reading pg_locks for its own pid,
+// and whether the server is in recovery (a standby).
 func (t Tag) CheckSQL() string {
-	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h`
+	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h,pg_is_in_recovery() r`
 }
 
 // HolderSQL returns the holder's application_name and pid (no row when the
@@ -78,18 +80,18 @@ func (t Tag) HolderSQL() string {
 }
 
 // AcquireSQL takes the lock with fn (pg_advisory_lock or
-// pg_try_advisory_lock) unless the session's backend already holds it, and
-// never stacks a second acquisition on a held lock. It returns the backend
-// pid, the session's owner token, whether the lock was already held, and
-// whether it is held now. The
-// lock call is an InitPlan behind the OR, which PostgreSQL evaluates only
-// when the left side is false.
+// pg_try_advisory_lock) unless the session's backend already holds it or
+// the server is a standby, and never stacks a second acquisition on a held
+// lock. It returns the backend pid, the session's owner token, whether the
+// lock was already held, whether it is held now, and whether the server is
+// in recovery. The lock call is an InitPlan in the CASE's ELSE branch,
+// which PostgreSQL evaluates only when that branch is taken.
 func (t Tag) AcquireSQL(fn string) string {
 	call := "(SELECT true FROM " + fn + "(" + t.Args + "))"
 	if fn == "pg_try_advisory_lock" {
 		call = "(SELECT " + fn + "(" + t.Args + "))"
 	}
-	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,h.h,h.h OR ` + call + ` a FROM(SELECT EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h) h`
+	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,h.h,CASE WHEN h.r THEN false ELSE h.h OR ` + call + ` END a,h.r FROM(SELECT EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h,pg_is_in_recovery() r) h`
 }
 
 // Call returns "SELECT fn(args)" for an advisory-lock function.
@@ -145,7 +147,8 @@ func ServerMajor(conn *pgx.Conn) int {
 
 // Setup configures the session in one round trip and returns its backend
 // pid. Without idle_session_timeout (before PostgreSQL 14) it still sets
-// keepalives; the caller should warn.
+// keepalives; the caller should warn. On a standby it returns ErrStandby:
+// nothing may be locked there.
 func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	keepIdle := max(1, int(s.KeepIdle/time.Second))
 	keepCount := max(1, int((s.Lease-time.Duration(keepIdle)*time.Second)/time.Second))
@@ -172,7 +175,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		sets = append(sets, [2]string{"idle_session_timeout", ms(s.Lease)})
 	}
 	var sb strings.Builder
-	sb.WriteString("SELECT pg_backend_pid()")
+	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery()")
 	args := []any{pgx.QueryExecModeSimpleProtocol}
 	for i, kv := range sets {
 		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
@@ -200,7 +203,20 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		sess.PID = uint32(v)
 	}
 	rows.Close()
-	return sess, rows.Err()
+	if err := rows.Err(); err != nil {
+		return sess, err
+	}
+	if standby, _ := vals[1].(bool); standby {
+		return sess, fmt.Errorf("%w (session setup, backend pid %d)", ErrStandby, sess.PID)
+	}
+	return sess, nil
+}
+
+// IsLockTimeout reports whether err is the server's lock_timeout
+// (SQLSTATE 55P03, lock_not_available).
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == LockNotAvailable
 }
 
 // Pooling reports whether err is a symptom of a transaction-pooling proxy,
@@ -208,7 +224,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 func Pooling(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == duplicatePreparedStatement || pgErr.Code == invalidSQLStatementName) {
-		return fmt.Errorf("%w: prepared statements vanish or collide (%v)", ErrTransactionPooling, err)
+		return fmt.Errorf("%w: prepared statements vanish or collide: %w", ErrTransactionPooling, err)
 	}
 	return err
 }
@@ -218,18 +234,21 @@ func Pooling(err error) error {
 func CheckResult(row pgx.Row, sess Session) error {
 	var gotPid int32
 	var token *string
-	var held bool
-	if err := row.Scan(&gotPid, &token, &held); err != nil {
+	var held, standby bool
+	if err := row.Scan(&gotPid, &token, &held, &standby); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %v", ErrRenewDeadline, err)
+			return fmt.Errorf("%w: %w", ErrRenewDeadline, err)
 		}
 		if perr := Pooling(err); perr != err {
 			return perr
 		}
-		return fmt.Errorf("%w: %v", ErrConnectionLost, err)
+		return fmt.Errorf("%w: %w", ErrConnectionLost, err)
 	}
 	if err := sess.Same(gotPid, deref(token)); err != nil {
 		return err
+	}
+	if standby {
+		return ErrStandby
 	}
 	if !held {
 		return ErrLockLost
@@ -255,14 +274,18 @@ type AcquireResult struct {
 	PID           int32
 	Token         string
 	Already, Held bool
+	Standby       bool // the server is in recovery; nothing was locked
 }
 
-// ScanAcquire reads an AcquireSQL row.
+// ScanAcquire reads an AcquireSQL row. A standby gives ErrStandby.
 func ScanAcquire(row pgx.Row) (AcquireResult, error) {
 	var r AcquireResult
 	var token *string
-	err := row.Scan(&r.PID, &token, &r.Already, &r.Held)
+	err := row.Scan(&r.PID, &token, &r.Already, &r.Held, &r.Standby)
 	r.Token = deref(token)
+	if err == nil && r.Standby {
+		err = ErrStandby
+	}
 	return r, err
 }
 
@@ -283,7 +306,7 @@ func WaitIdle(ctx context.Context, conn *pgx.Conn, until time.Time) error {
 		case errors.Is(err, context.DeadlineExceeded):
 			return nil
 		default:
-			return fmt.Errorf("%w: %v", ErrConnectionLost, err)
+			return fmt.Errorf("%w: %w", ErrConnectionLost, err)
 		}
 	}
 }

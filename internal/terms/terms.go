@@ -15,6 +15,10 @@ import (
 // ErrNoTable is wrapped when the table is missing or not accessible.
 var ErrNoTable = errors.New("pgleader: fencing terms table missing or not accessible")
 
+// ErrReadOnly is wrapped when the database refuses writes to the table
+// (SQLSTATE 25006: default_transaction_read_only, or a read-only role).
+var ErrReadOnly = errors.New("pgleader: the database is read-only for this session, so fencing terms cannot be written")
+
 // Quote quotes a table name given as "table" or "schema.table".
 func Quote(table string) (string, error) {
 	parts := strings.Split(table, ".")
@@ -47,16 +51,20 @@ func DDL(table string) string {
 )`
 }
 
-// Classify turns a missing table or privilege into ErrNoTable with guidance,
-// and passes other errors through.
+// Classify turns a missing table or privilege into ErrNoTable, and a
+// read-only session into ErrReadOnly, with guidance; it passes other errors
+// through. The server's error stays in the chain (errors.As finds the
+// *pgconn.PgError).
 func Classify(err error, table string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "42P01", "3F000": // undefined_table, invalid_schema_name
-			return fmt.Errorf("%w: %s does not exist; turn on table creation, or create it:\n%s;\n(%v)", ErrNoTable, table, DDL(table), err)
+			return fmt.Errorf("%w: %s does not exist; turn on table creation, or create it:\n%s;\n(%w)", ErrNoTable, table, DDL(table), err)
 		case "42501": // insufficient_privilege
-			return fmt.Errorf("%w: no privilege on %s; grant SELECT, INSERT, UPDATE on it to this role, or CREATE on its schema (%v)", ErrNoTable, table, err)
+			return fmt.Errorf("%w: no privilege on %s; grant SELECT, INSERT, UPDATE on it to this role, or CREATE on its schema (%w)", ErrNoTable, table, err)
+		case "25006": // read_only_sql_transaction
+			return fmt.Errorf("%w: check default_transaction_read_only for this role and database, or turn fencing off (%w)", ErrReadOnly, err)
 		}
 	}
 	return err

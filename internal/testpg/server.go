@@ -245,9 +245,26 @@ func (s *Server) init() error {
 	if err != nil {
 		return fmt.Errorf("%w: initdb failed: %v\n%s\n%s", ErrNoServer, err, strings.TrimSpace(string(out)), HowToFix)
 	}
+	// Members of the role PasswordRole log in with a password over TCP;
+	// everyone else is trusted. Tests of authentication failures use it.
+	hba := filepath.Join(s.dir, "data", "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNoServer, err)
+	}
+	b = append([]byte("host all +"+PasswordRole+" 127.0.0.1/32 scram-sha-256\n"), b...)
+	if err := os.WriteFile(hba, b, 0o600); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoServer, err)
+	}
 	s.logf("testpg: initdb done in %s", s.dir)
 	return nil
 }
+
+// PasswordRole names a group role that the throwaway server's pg_hba.conf
+// makes log in with a password over TCP (scram-sha-256); every other role
+// is trusted. A test creates it (NOLOGIN) and a LOGIN role IN ROLE it to
+// test authentication failures.
+const PasswordRole = "pgleader_password"
 
 func (s *Server) start() error {
 	logPath := filepath.Join(s.dir, "server.log")
