@@ -71,6 +71,12 @@ func ReasonLabel(reason error) string {
 		return "transaction_pooling"
 	case errors.Is(reason, ErrNoTermsTable):
 		return "no_terms_table"
+	case errors.Is(reason, ErrStandby):
+		return "standby"
+	case errors.Is(reason, ErrReadOnly):
+		return "read_only"
+	case errors.Is(reason, ErrRejected):
+		return "rejected"
 	case isContextErr(reason):
 		return "stopped"
 	default:

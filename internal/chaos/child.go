@@ -1,9 +1,13 @@
 package chaos
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,41 +31,70 @@ const (
 	RoleBroken  = "chaos-broken" // skips every check: the checker must catch it
 )
 
+// ReleaseTimeout is longer than the longest slow drain the schedule asks
+// for (3 x Lease).
+const ReleaseTimeout = 4 * Lease
+
 const writesDDL = `CREATE TABLE IF NOT EXISTS chaos_writes (id bigserial PRIMARY KEY, term bigint NOT NULL, seq bigint NOT NULL, writer text NOT NULL)`
 
 // ChildMain runs one elector process of the harness. It reports elected,
-// ctxdone and demoted events on stdout, writes fenced rows while leading,
-// and on stdin EOF stops, checks itself for leaked goroutines and reports
-// "exited".
+// ctxdone, returned and demoted events on stdout, writes fenced rows while
+// leading, and on stdin EOF stops, checks itself for leaked goroutines and
+// reports "exited". Commands on stdin: "drain D" makes the current
+// tenure's OnElected keep working (and writing) for D after its context
+// ends; "resign" resigns.
 func ChildMain(role string) int {
 	em := testpg.NewEmitter(os.Stdout)
 	dsn, id := os.Getenv("CHAOS_DSN"), os.Getenv("CHAOS_ID")
 	key := leader.KeyFromName(os.Getenv("CHAOS_KEY"))
 	ctx, cancel := context.WithCancel(context.Background())
+	var drain atomic.Int64
+	var el atomic.Pointer[elector.Elector]
 	go func() { // stdin closes when the harness wants us to stop
-		buf := make([]byte, 64)
-		for {
-			if _, err := os.Stdin.Read(buf); err != nil {
-				cancel()
-				return
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			cmd, arg, _ := strings.Cut(sc.Text(), " ")
+			switch cmd {
+			case "drain":
+				d, _ := time.ParseDuration(arg)
+				drain.Store(int64(d))
+			case "resign":
+				if e := el.Load(); e != nil {
+					go e.Resign(ctx)
+				}
 			}
 		}
+		cancel()
 	}()
 	if role == RoleBroken {
 		return brokenMain(ctx, em, dsn, id, key)
 	}
 	e, err := elector.New(elector.Config{
 		Connect: elector.DSN(dsn), Key: key, Identity: id,
-		RenewInterval: Interval, RenewDeadline: Deadline, LeaseDuration: Lease, ReleaseTimeout: 2 * time.Second,
+		RenewInterval: Interval, RenewDeadline: Deadline, LeaseDuration: Lease, ReleaseTimeout: ReleaseTimeout,
 		Fencing: elector.Fencing{Enabled: true},
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: l.Term})
+				stopWriting, stop := context.WithCancel(context.Background())
+				defer stop()
+				var refused int
 				wrote := make(chan struct{})
-				go func() { defer close(wrote); writeWhileLeading(ctx, dsn, l) }()
+				go func() { defer close(wrote); refused = writeWhileLeading(stopWriting, dsn, l) }()
 				<-ctx.Done() // the belief ends here
 				em.Emit(testpg.Event{Ev: "ctxdone", Identity: id, Term: l.Term, Err: leader.ReasonLabel(context.Cause(ctx))})
+				// A slow drain: flushing and committing go on, fenced, while
+				// the elector keeps the lock.
+				if d := time.Duration(drain.Swap(0)); d > 0 {
+					time.Sleep(d)
+					stop()
+					<-wrote
+					em.Emit(testpg.Event{Ev: "returned", Identity: id, Term: l.Term, Data: fmt.Sprintf("drain refused=%d", refused)})
+					return
+				}
+				stop()
 				<-wrote
+				em.Emit(testpg.Event{Ev: "returned", Identity: id, Term: l.Term})
 			},
 			OnDemoted: func(l leader.Leadership, reason error) {
 				em.Emit(testpg.Event{Ev: "demoted", Identity: id, Term: l.Term, Err: leader.ReasonLabel(reason)})
@@ -72,6 +105,7 @@ func ChildMain(role string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	el.Store(e)
 	err = e.Run(ctx)
 	leaks := ""
 	if lerr := goleak.Find(goleak.IgnoreCurrent()); lerr != nil {
@@ -81,9 +115,11 @@ func ChildMain(role string) int {
 	return 0
 }
 
-// writeWhileLeading makes a fenced write every 20ms, and keeps trying for
-// 50ms after ctx ends, as a slow leader would: Fence must refuse those.
-func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership) {
+// writeWhileLeading makes a fenced write every 20ms until ctx ends, and
+// keeps trying for 50ms after, as a slow leader would: Fence must refuse
+// those once a newer term exists. It returns how many writes made before
+// ctx ended were refused by Fence.
+func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership) (refused int) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -96,20 +132,23 @@ func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership) {
 			stopAt = time.Now().Add(50 * time.Millisecond)
 		}
 		if !stopAt.IsZero() && time.Now().After(stopAt) {
-			return
+			return refused
 		}
 		wctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		if conn == nil || conn.IsClosed() {
 			conn, _ = pgx.Connect(wctx, dsn)
 		}
 		if conn != nil {
-			pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
+			err := pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
 				if err := l.Fence(wctx, tx); err != nil {
 					return err
 				}
 				_, err := tx.Exec(wctx, `INSERT INTO chaos_writes (term, seq, writer) VALUES ($1, $2, $3)`, l.Term, seq, l.Identity)
 				return err
 			})
+			if errors.Is(err, leader.ErrFenced) && stopAt.IsZero() {
+				refused++
+			}
 		}
 		cancel()
 		select {

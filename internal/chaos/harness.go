@@ -31,14 +31,17 @@ type Config struct {
 }
 
 // AllFaults are the fault types the schedule draws from.
-var AllFaults = []string{"kill", "pause", "long-pause", "terminate", "cut", "blackhole", "restart-fast", "restart-immediate", "refuse"}
+var AllFaults = []string{"kill", "pause", "long-pause", "terminate", "cut", "blackhole", "restart-fast", "restart-immediate", "refuse", "slow-drain"}
 
 type proc struct {
 	id      string
 	child   *testpg.Child
 	proxies []*testpg.Proxy
-	killed  int64 // mono of SIGKILL, 0 if alive
+	killed  int64 // mono of SIGKILL or of the stop request, 0 if running
 	stops   [][2]int64
+	// standbyOnly: its DSN names only the standby, so until the promotion
+	// it reaches only a server in recovery, where it must never lead.
+	standbyOnly bool
 }
 
 // Report is what a run found.
@@ -58,13 +61,17 @@ type Report struct {
 	ServerEnded    int
 	MaxServerEnded time.Duration
 	Tenures        int
-	history        []string
+	// Drains counts slow drains. Their callbacks keep making fenced writes
+	// after their context ended, all of which must succeed.
+	Drains  int
+	history []string
 }
 
 // OK reports whether no invariant was violated.
 func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
 type harness struct {
+	promoted int64 // mono of the promotion, 0 before
 	t        testing.TB
 	cfg      Config
 	rng      *rand.Rand
@@ -130,6 +137,9 @@ func Run(t testing.TB, cfg Config) *Report {
 	for i := 0; i < cfg.Electors; i++ {
 		h.spawn(RoleElector)
 	}
+	if h.standby != nil {
+		h.spawnOn(RoleElector, true)
+	}
 	h.schedule()
 	h.finish()
 	h.check()
@@ -142,13 +152,22 @@ func (h *harness) note(ev, who string) {
 	h.faultLog = append(h.faultLog, testpg.Event{Ev: ev, Identity: who, Mono: h.mono()})
 }
 
-func (h *harness) spawn(role string) *proc {
+func (h *harness) spawn(role string) *proc { return h.spawnOn(role, false) }
+
+// spawnOn starts an elector process. Its DSN lists the primary and the
+// standby, each behind a proxy of its own: with target_session_attrs=
+// read-write or with none (then DSN finds the primary itself), in turn; or,
+// with standbyOnly, the standby alone.
+func (h *harness) spawnOn(role string, standbyOnly bool) *proc {
 	h.seq++
 	id := fmt.Sprintf("chaos-%d", h.seq)
-	p := &proc{id: id}
+	p := &proc{id: id, standbyOnly: standbyOnly}
 	servers := []*testpg.Server{h.primary}
 	if h.standby != nil {
 		servers = append(servers, h.standby)
+		if standbyOnly {
+			servers = []*testpg.Server{h.standby}
+		}
 	}
 	var hosts, ports []string
 	for _, s := range servers {
@@ -161,8 +180,14 @@ func (h *harness) spawn(role string) *proc {
 		host, port, _ := strings.Cut(px.Addr(), ":")
 		hosts, ports = append(hosts, host), append(ports, port)
 	}
-	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=3&target_session_attrs=read-write",
-		joinHostPorts(hosts, ports))
+	attrs := "&target_session_attrs=read-write"
+	switch {
+	case standbyOnly:
+		attrs = ""
+	case h.seq%2 == 0:
+		attrs = ""
+	}
+	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=3%s", joinHostPorts(hosts, ports), attrs)
 	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key)
 	h.procs = append(h.procs, p)
 	return p
@@ -293,8 +318,24 @@ func (h *harness) schedule() {
 			if err := h.standby.Promote(context.Background()); err != nil {
 				h.t.Fatalf("promote: %v", err)
 			}
+			h.promoted = h.mono()
 			h.current = h.standby
 			bound = 10 * time.Second
+		case "slow-drain":
+			// OnElected keeps working for 2 to 3 leases after its context
+			// ends, on a resign or on a graceful stop of its process: the
+			// lock must stay held, renewed, until it returns.
+			d := 2*Lease + time.Duration(h.rng.Int63n(int64(Lease)))
+			h.report.Drains++
+			l.child.Send("drain " + d.String())
+			if h.rng.Intn(2) == 0 {
+				l.child.Send("resign")
+			} else {
+				l.killed = h.mono()
+				l.child.CloseStdin()
+				h.spawn(RoleElector)
+			}
+			bound = d + 3*time.Second
 		}
 		heal2()
 		h.note("healed:"+fault, l.id)
@@ -374,6 +415,7 @@ type tenure struct {
 	id         string
 	start, end int64
 	term       int64
+	graceful   bool // ended by a resign or a stop: lasts until OnElected returned
 }
 
 func (h *harness) check() {
@@ -389,15 +431,34 @@ func (h *harness) check() {
 			switch e.Ev {
 			case "elected":
 				elected++
+				if p.standbyOnly && (h.promoted == 0 || e.Mono < h.promoted) {
+					r.Violations = append(r.Violations, fmt.Sprintf("standby: %s (term %d) was elected while it could reach only the standby", p.id, e.Term))
+				}
 				if cur != nil {
 					r.Violations = append(r.Violations, p.id+": elected twice without a step-down")
 				}
 				cur = &tenure{id: p.id, start: e.Mono, term: e.Term}
 			case "ctxdone":
+				// The belief ends here. After a graceful step-down (a
+				// resign, a stop, OnElected returning) the lock is kept
+				// until OnElected returns, so the tenure lasts until then.
+				if cur != nil {
+					cur.end = e.Mono
+					if e.Err == "resigned" || e.Err == "stopped" || e.Err == "callback_returned" {
+						cur.graceful = true
+					} else {
+						tenures = append(tenures, *cur)
+						cur = nil
+					}
+				}
+			case "returned":
 				if cur != nil {
 					cur.end = e.Mono
 					tenures = append(tenures, *cur)
 					cur = nil
+				}
+				if strings.HasPrefix(e.Data, "drain refused=") && e.Data != "drain refused=0" {
+					r.Violations = append(r.Violations, fmt.Sprintf("drain: %s (term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Term, e.Data))
 				}
 			case "demoted":
 				demoted++
@@ -532,6 +593,7 @@ func (r *Report) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "chaos seed %d: %d tenures, %d fenced writes accepted, %d stale accepted\n", r.Seed, r.Tenures, r.Writes, r.Stale)
 	fmt.Fprintf(&b, "server-ended sessions overlapping the next leader (fenced): %d, longest %s\n", r.ServerEnded, r.MaxServerEnded)
+	fmt.Fprintf(&b, "slow drains (OnElected working 2-3 leases past its context, fenced writes throughout): %d\n", r.Drains)
 	fmt.Fprintf(&b, "%-18s %6s %14s %14s %14s\n", "fault", "count", "failover p50", "failover max", "healed->leader")
 	var names []string
 	for f := range r.Faults {
