@@ -57,24 +57,35 @@ func DSN(dsn string) Connector { return leader.DSN(dsn) }
 // Callbacks are the elector's hooks. Only OnElected is required.
 type Callbacks struct {
 	// OnElected runs in its own goroutine when this elector becomes the
-	// leader. ctx is cancelled the moment leadership is in doubt, with the
-	// demotion reason as its cause (context.Cause). OnElected should return
-	// soon after ctx is done: the lock is kept until it returns, bounded by
-	// ReleaseTimeout. If it returns while still leader, the elector resigns
-	// (reason leader.ErrCallbackReturned) and campaigns again after one
-	// RenewInterval.
+	// leader, started right after the lock check and before any other
+	// callback or log. ctx is cancelled the moment leadership is in doubt
+	// or a step-down begins, with the reason as its cause (context.Cause).
+	// OnElected should return soon after ctx is done. After a graceful
+	// step-down (Resign, Run's context, OnElected returning) the lock is
+	// kept, and renewed, until it returns, bounded by ReleaseTimeout; after
+	// a fault the lock is already gone. If it returns while still leader,
+	// the elector resigns (reason leader.ErrCallbackReturned) and campaigns
+	// again after one RenewInterval. To resign from inside, call
+	// Resign(ctx) with this ctx, or return. A panic in OnElected is not
+	// recovered: as in any goroutine, it ends the process (no OnDemoted
+	// runs; the server frees the lock when the connection dies). Recover
+	// inside OnElected to survive one.
 	OnElected func(ctx context.Context, l leader.Leadership)
 	// OnDemoted is called exactly once after each OnElected, and never
 	// without one, once OnElected has returned (or ReleaseTimeout passed).
 	// reason is one of leader.ErrConnectionLost, ErrLockLost,
 	// ErrRenewDeadline, ErrResigned, ErrCallbackReturned,
-	// ErrTransactionPooling, or Run's context error. It runs on the
-	// elector's goroutine: return quickly.
+	// ErrTransactionPooling, ErrStandby, or Run's context error; a fault
+	// during a graceful step-down's drain replaces the graceful reason.
+	// The server's *pgconn.PgError, when there is one, is in the chain. It
+	// runs on the elector's goroutine: return quickly.
 	OnDemoted func(l leader.Leadership, reason error)
 	// OnNewLeader is called with the identity of a new leader whenever the
 	// elector sees the holder change, this elector included. Followers learn
-	// it during their campaign rounds, with no extra queries. It runs on the
-	// elector's goroutine: return quickly.
+	// it during their campaign rounds, with no extra queries. It runs on a
+	// goroutine of its own, in order and coalesced: when it is slow, its
+	// next call gets the latest leader, not every leader in between. It
+	// never delays an election or a renew.
 	OnNewLeader func(identity string)
 }
 
@@ -93,7 +104,8 @@ type Config struct {
 	// Logger receives structured logs; nil means none.
 	Logger *zap.Logger
 	// Observer receives events for metrics (see health.NewMetrics); nil
-	// means none.
+	// means none. Its methods run on the elector's goroutine and must not
+	// block.
 	Observer leader.Observer
 
 	// RenewInterval is how often the leader checks that it holds the lock,
@@ -108,9 +120,14 @@ type Config struct {
 	// idle_session_timeout (PostgreSQL 14+), after which the server ends a
 	// silent leader's session and frees the lock. Default 6s.
 	LeaseDuration time.Duration
-	// ReleaseTimeout bounds how long a stepping-down leader waits for
-	// OnElected to return before it releases the lock anyway (and logs an
-	// error). Default 5s.
+	// ReleaseTimeout bounds how long a gracefully stepping-down leader (a
+	// Resign, Run's context ending, OnElected returning) keeps the lock
+	// while it waits for OnElected to return. It keeps renewing the lock
+	// meanwhile, so any value is safe against LeaseDuration; past
+	// ReleaseTimeout it releases the lock anyway and logs an error, since
+	// two leaders may then act at once. Set it above the longest drain of
+	// your OnElected. After a fault (the lock or the connection is lost) it
+	// only bounds how long OnDemoted waits for OnElected. Default 5s.
 	ReleaseTimeout time.Duration
 	// ReconnectMaxDelay caps the exponential, jittered backoff between
 	// reconnect attempts. Default 500ms.
@@ -128,7 +145,9 @@ type Fencing struct {
 	// when it is missing, unless NoCreate is set.
 	Enabled bool
 	// Table is the terms table, "name" or "schema.name". Default
-	// leader.DefaultTermsTable.
+	// leader.DefaultTermsTable. The parts are raw names, not SQL: pgleader
+	// quotes each one, so "MyTerms" names the table MyTerms (case kept), and
+	// a name written with SQL quotes, `"t"`, keeps its quote characters.
 	Table string
 	// NoCreate makes a missing table an error (leader.ErrNoTermsTable)
 	// instead of creating it; for roles without CREATE privilege. Create it

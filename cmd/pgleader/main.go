@@ -10,8 +10,10 @@
 //
 // Every subcommand takes --dsn, or $DATABASE_URL. Exit codes: 0 success;
 // 1 error; 2 usage; 75 lock held (lock, without --wait or after it); lock
-// and elect otherwise pass the command's exit code through (128+signal when
-// it was killed by a signal).
+// otherwise passes the command's exit code through (128+signal when it was
+// killed by a signal). elect runs until stopped (0) or an error retrying
+// cannot fix (1); its command may run many times, so it reports each exit
+// code on stderr instead.
 package main
 
 import (
@@ -48,8 +50,9 @@ Exit codes:
   1   error (connection, SQL, ...)
   2   usage error
   75  lock held by another session (lock without --wait, or --wait ran out)
-  N   lock and elect pass the command's exit code through; 128+SIG when the
-      command was killed by signal SIG
+  N   lock passes the command's exit code through; 128+SIG when the
+      command was killed by signal SIG (elect does not: its command may run
+      many times; it prints each exit code on stderr)
 `
 
 // usageError marks errors that exit with exitUsage.

@@ -285,3 +285,46 @@ func TestDemo(t *testing.T) {
 	}
 	t.Log(out)
 }
+
+// elect with a command that drains for more than twice the lease on
+// SIGTERM: the supervisor keeps the lock, renewed, until the command has
+// exited, so the other replica's command starts only after it.
+func TestElectKeepsLockWhileCommandDrains(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "runs")
+	// On SIGTERM: ignore further TERMs (the supervisor forwards its own
+	// signal too) and drain for 3.5 s, more than twice the 1.5 s lease.
+	script := `echo start-$ID >> "$LOG"
+trap 'trap "" TERM; i=0; while [ $i -lt 35 ]; do sleep 0.1; i=$((i+1)); done; echo end-$ID >> "$LOG"; exit 0' TERM
+while :; do sleep 0.1; done`
+	start := func(id string) *exec.Cmd {
+		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--renew-interval", "100ms",
+			"--renew-deadline", "500ms", "--lease", "1500ms", "--grace", "10s", "drainsvc", "--", "sh", "-c", script)
+		cmd.Env = append(os.Environ(), "ID="+id, "LOG="+log)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	a := start("drain-a")
+	waitLines(t, log, 1)
+	b := start("drain-b")
+	waitWaiting(t, dsn, leader.KeyFromName("drainsvc"))
+	first := strings.TrimSpace(readFile(t, log))
+	victim, victimID, heirID := a, "drain-a", "drain-b"
+	if first == "start-drain-b" {
+		victim, victimID, heirID = b, "drain-b", "drain-a"
+	}
+	victim.Process.Signal(syscall.SIGTERM)
+	lines := waitLines(t, log, 3)
+	want := []string{"start-" + victimID, "end-" + victimID, "start-" + heirID}
+	if strings.Join(lines[:3], " ") != strings.Join(want, " ") {
+		t.Fatalf("runs %v; want %v: the heir's command started before the drain ended", lines, want)
+	}
+	if err := victim.Wait(); err != nil {
+		t.Fatalf("the stopped supervisor: %v", err)
+	}
+}
