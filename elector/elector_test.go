@@ -106,13 +106,10 @@ func TestPasswordsStayHidden(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	deadline := time.Now().Add(waitLong)
-	for logs.FilterMessage("reconnecting").Len() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("no reconnect logs for an unreachable server")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, "3 reconnect logs for an unreachable server", func() (bool, string) {
+		n := logs.FilterMessage("reconnecting").Len()
+		return n >= 3, fmt.Sprint(n, " so far")
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
@@ -139,8 +136,9 @@ func toString(v any) string {
 }
 
 func TestRunTwice(t *testing.T) {
+	obs := newErrObserver()
 	e, err := elector.New(elector.Config{
-		Connect: elector.DSN("postgres://u@127.0.0.1:1/db?connect_timeout=1"), Key: leader.Int64Key(1),
+		Connect: elector.DSN("postgres://u@127.0.0.1:1/db?connect_timeout=1"), Key: leader.Int64Key(1), Observer: obs,
 		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
 	})
 	if err != nil {
@@ -149,8 +147,10 @@ func TestRunTwice(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	time.Sleep(10 * time.Millisecond) // let the first Run claim the elector
-	if err := e.Run(context.Background()); !errors.Is(err, elector.ErrAlreadyRunning) {
+	obs.waitFor(t, nil, 1) // the first Run is running: it tried to connect
+	second, cancel2 := context.WithTimeout(context.Background(), waitLong)
+	defer cancel2()
+	if err := e.Run(second); !errors.Is(err, elector.ErrAlreadyRunning) {
 		t.Fatalf("second Run: want ErrAlreadyRunning, got %v", err)
 	}
 	cancel()
@@ -444,10 +444,12 @@ func TestStopReleasesAndCloses(t *testing.T) {
 		t.Fatalf("reason %v, want context.Canceled", d.reason)
 	}
 	r.next("elected", "heir")
-	n, err := srv.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'stopper'")
-	if err != nil || n != 0 {
-		t.Fatalf("stopped elector still has %d sessions (err %v)", n, err)
-	}
+	// The server forgets a closed session a moment after the client closed
+	// it: wait for it to go.
+	eventually(t, "the stopped elector's session is gone", func() (bool, string) {
+		n := sessions(t, srv, "stopper")
+		return n == 0, fmt.Sprint(n, " left")
+	})
 }
 
 // Each elector owns one dedicated session, named by its identity.
@@ -459,20 +461,10 @@ func TestDedicatedSessionPerElector(t *testing.T) {
 		start(t, r, opts{dsn: srv.DSN(), key: key, id: id})
 	}
 	r.next("elected", "")
-	deadline := time.Now().Add(waitLong)
-	for {
-		n, err := srv.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name IN ('ded1','ded2')")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sessions for 2 electors", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, "one session per elector", func() (bool, string) {
+		n := sessions(t, srv, "ded_")
+		return n == 2, fmt.Sprint(n, " sessions for 2 electors")
+	})
 }
 
 // A primary switch behind a multi-host DSN with

@@ -16,48 +16,6 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-const writesDDL = `CREATE TABLE IF NOT EXISTS fenced_writes (id bigserial PRIMARY KEY, key_name text NOT NULL, term bigint NOT NULL, writer text NOT NULL)`
-
-// fencedWrite records one write under l's term, refused when fenced.
-func fencedWrite(ctx context.Context, dsn string, l leader.Leadership) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return writeWith(ctx, conn, l)
-}
-
-func writeWith(ctx context.Context, conn *pgx.Conn, l leader.Leadership) error {
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := l.Fence(ctx, tx); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO fenced_writes (key_name, term, writer) VALUES ($1, $2, $3)`, l.Key.String(), l.Term, l.Identity)
-		return err
-	})
-}
-
-// staleWrites counts accepted writes of a key whose term is lower than the
-// term of a write committed before them: writes of a deposed leader.
-func staleWrites(t testing.TB, srv *testpg.Server, key leader.Key) int64 {
-	t.Helper()
-	n, err := srv.QueryInt(context.Background(), `SELECT count(*) FROM (
-		SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-		FROM fenced_writes WHERE key_name = $1) s WHERE term < before`, key.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 var fencingOn = elector.Fencing{Enabled: true}
 
 // Terms strictly increase over many handovers, across an immediate restart.
@@ -310,37 +268,5 @@ func TestOnNewLeaderOncePerChange(t *testing.T) {
 				break
 			}
 		}
-	}
-}
-
-func waitAllSee(t *testing.T, els map[string]*running, id string) {
-	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for _, rn := range els {
-		for rn.e.Leader() != id {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: Leader() = %q, want %q", rn.e.Identity(), rn.e.Leader(), id)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-}
-
-// waitWrites waits until a write under term is in the table.
-func waitWrites(t *testing.T, srv *testpg.Server, key leader.Key, term int64) {
-	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for {
-		n, err := srv.QueryInt(context.Background(), `SELECT count(*) FROM fenced_writes WHERE key_name = $1 AND term = $2`, key.String(), term)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no write under term %d", term)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

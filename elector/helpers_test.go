@@ -2,7 +2,9 @@ package elector_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -28,4 +30,92 @@ func waitWaiter(t testing.TB, srv *testpg.Server, key leader.Key, id string) {
 	if err := testpg.WaitWaiter(ctx, mustConn(t, srv), key, id); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// eventually polls cond every 5ms until it holds, and fails the test with
+// what (and the last detail cond gave) when it does not within waitLong.
+// It is the one poll loop of these tests: every wait is bounded.
+func eventually(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (%s)", what, waitLong, detail)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// sessions counts the sessions named like pattern (SQL LIKE).
+func sessions(t testing.TB, srv *testpg.Server, pattern string) int64 {
+	t.Helper()
+	n, err := srv.QueryInt(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+const writesDDL = `CREATE TABLE IF NOT EXISTS fenced_writes (id bigserial PRIMARY KEY, key_name text NOT NULL, term bigint NOT NULL, writer text NOT NULL)`
+
+// fencedWrite records one write under l's term, refused when fenced.
+func fencedWrite(ctx context.Context, dsn string, l leader.Leadership) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return writeWith(ctx, conn, l)
+}
+
+func writeWith(ctx context.Context, conn *pgx.Conn, l leader.Leadership) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := l.Fence(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO fenced_writes (key_name, term, writer) VALUES ($1, $2, $3)`, l.Key.String(), l.Term, l.Identity)
+		return err
+	})
+}
+
+// staleWrites counts accepted writes of a key whose term is lower than the
+// term of a write committed before them: writes of a deposed leader.
+func staleWrites(t testing.TB, srv *testpg.Server, key leader.Key) int64 {
+	t.Helper()
+	n, err := srv.QueryInt(context.Background(), `SELECT count(*) FROM (
+		SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+		FROM fenced_writes WHERE key_name = $1) s WHERE term < before`, key.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func waitAllSee(t *testing.T, els map[string]*running, id string) {
+	t.Helper()
+	for _, rn := range els {
+		eventually(t, rn.e.Identity()+" sees "+id+" lead", func() (bool, string) {
+			return rn.e.Leader() == id, "Leader() = " + rn.e.Leader()
+		})
+	}
+}
+
+// waitWrites waits until a write under term is in the table.
+func waitWrites(t *testing.T, srv *testpg.Server, key leader.Key, term int64) {
+	t.Helper()
+	eventually(t, fmt.Sprint("a write under term ", term), func() (bool, string) {
+		n, err := srv.QueryInt(context.Background(), `SELECT count(*) FROM fenced_writes WHERE key_name = $1 AND term = $2`, key.String(), term)
+		return err == nil && n > 0, fmt.Sprint(err)
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 )
 
 // A stepping-down leader whose OnElected drains for twice the lease keeps
@@ -179,23 +180,23 @@ func TestStandbyNeverLeads(t *testing.T) {
 	// One-shot locks refuse the standby too.
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
-	err = leader.TryRun(ctx, leader.DSN(standby.DSN()), leader.KeyFromName(t.Name()+"-once"), leader.RunOptions{},
+	err = lock.TryRun(ctx, leader.DSN(standby.DSN()), leader.KeyFromName(t.Name()+"-once"), lock.Options{},
 		func(context.Context) error { t.Error("TryRun ran on a standby"); return nil })
 	if !errors.Is(err, leader.ErrStandby) {
 		t.Fatalf("TryRun on a standby: %v, want ErrStandby", err)
 	}
 	sconn := mustConn(t, standby)
 	for name, lock := range map[string]func(pgx.Tx) error{
-		"LockTx": func(tx pgx.Tx) error { return leader.LockTx(ctx, tx, key) },
+		"LockTx": func(tx pgx.Tx) error { return lock.Tx(ctx, tx, key) },
 		"TryLockTx": func(tx pgx.Tx) error {
-			ok, err := leader.TryLockTx(ctx, tx, key)
+			ok, err := lock.TryTx(ctx, tx, key)
 			if ok {
 				t.Errorf("TryLockTx took the lock on a standby")
 			}
 			return err
 		},
 		"RunTx": func(pgx.Tx) error {
-			return leader.RunTx(ctx, sconn, key, func(context.Context, pgx.Tx) error { t.Error("RunTx ran on a standby"); return nil })
+			return lock.RunTx(ctx, sconn, key, func(context.Context, pgx.Tx) error { t.Error("RunTx ran on a standby"); return nil })
 		},
 	} {
 		tx, err := sconn.Begin(ctx)

@@ -1,6 +1,8 @@
 // Package leader holds the vocabulary of pgleader: advisory-lock keys, the
-// Leadership handed to an elected process, and the typed errors shared by the
-// elector and the one-shot lock helpers.
+// Leadership handed to an elected process, its fencing term, who holds a
+// lock (Holder, Backend), how to connect (Connector, DSN), the Observer for
+// metrics, and every error value (errors.go) shared by the elector and the
+// one-shot locks of package lock.
 //
 // # Keys
 //

@@ -3,6 +3,7 @@ package leader
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/terms"
@@ -62,3 +63,33 @@ var (
 func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
+
+// Errors about fencing terms.
+
+// ErrFenced is returned by Fence when a newer term exists: a later leader
+// has been elected, and the caller must not write.
+var ErrFenced = errors.New("pgleader: fenced: a newer leader's term exists")
+
+// ErrNoTermsTable means fencing is on but the terms table is missing or not
+// accessible. The error text carries the SQL that creates it.
+var ErrNoTermsTable = terms.ErrNoTable
+
+// ErrNoFencing is returned by Leadership.Fence when the elector runs without
+// fencing (the Leadership has no term).
+var ErrNoFencing = errors.New("pgleader: fencing is not enabled for this election")
+
+// FencedError is the error Fence returns for a stale term. It matches
+// ErrFenced with errors.Is.
+type FencedError struct {
+	Key     Key
+	Term    int64 // the caller's term
+	Current int64 // the newest term in the table
+}
+
+// Error says which term is stale and which is current.
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("pgleader: fenced: key %s: term %d is stale, the current term is %d", e.Key, e.Term, e.Current)
+}
+
+// Unwrap makes errors.Is(err, ErrFenced) true.
+func (e *FencedError) Unwrap() error { return ErrFenced }

@@ -13,9 +13,9 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// Session describes a backend that holds or waits for an advisory lock, as
+// Backend describes a backend that holds or waits for an advisory lock, as
 // pg_locks and pg_stat_activity show it.
-type Session struct {
+type Backend struct {
 	// Identity is the session's application_name (an elector's identity).
 	Identity string
 	// PID is the backend's process id.
@@ -31,10 +31,10 @@ type HolderInfo struct {
 	// Held reports whether any session holds the key.
 	Held bool
 	// Holder is the session holding the key, when Held.
-	Holder Session
+	Holder Backend
 	// Waiters are the sessions queued for the key (pg_locks.granted =
 	// false), oldest session first.
-	Waiters []Session
+	Waiters []Backend
 }
 
 // Identity returns the holder's identity, or "" when the key is free.
@@ -56,7 +56,7 @@ ORDER BY l.granted DESC, a.backend_start, l.pid`, classid, objid, objsubid)
 	var h HolderInfo
 	for rows.Next() {
 		var granted bool
-		var s Session
+		var s Backend
 		var pid int32
 		var start *time.Time
 		if err := rows.Scan(&granted, &pid, &s.Identity, &s.User, &start); err != nil {

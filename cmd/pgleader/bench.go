@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/fleet"
-	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/pgtemp"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -40,7 +40,7 @@ type benchResult struct {
 
 type bencher struct {
 	dsn     string
-	srv     *testpg.Server // nil with --dsn
+	srv     *pgtemp.Server // nil with --dsn
 	exe     string
 	runs    int
 	out     io.Writer
@@ -77,7 +77,7 @@ throwaway server.
 		return err
 	}
 	progress := stderr
-	return withDatabase(*dsn, progress, testpg.Options{MaxConnections: *crowd + 40}, func(dsn string, srv *testpg.Server) error {
+	return withDatabase(*dsn, progress, pgtemp.Options{MaxConnections: *crowd + 40}, func(dsn string, srv *pgtemp.Server) error {
 		ctx := context.Background()
 		admin, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -179,14 +179,14 @@ func (b *bencher) handover(kind string, n, runs int) error {
 		if err := waitQueued(context.Background(), b.admin, key, n-1); err != nil {
 			return err
 		}
-		began := testpg.Mono()
+		began := fleet.Mono()
 		switch kind {
 		case "resign", "crowd-resign":
 			err = f.Get(cur.Identity).Send("resign")
 		case "kill", "crowd-kill":
 			c := f.Get(cur.Identity)
 			f.Remove(cur.Identity)
-			began = testpg.Mono()
+			began = fleet.Mono()
 			err = c.Signal(syscall.SIGKILL)
 			if err == nil {
 				err = add()
@@ -237,13 +237,13 @@ func serverAddr(dsn string) (string, error) {
 
 // proxiedFleet starts n candidates for name, each connecting through its
 // own TCP proxy in front of the server; o carries their timings.
-func (b *bencher) proxiedFleet(name string, n int, o fleet.Options) (*fleet.Fleet, map[string]*testpg.Proxy, error) {
-	proxies := map[string]*testpg.Proxy{}
+func (b *bencher) proxiedFleet(name string, n int, o fleet.Options) (*fleet.Fleet, map[string]*pgtemp.Proxy, error) {
+	proxies := map[string]*pgtemp.Proxy{}
 	f := fleet.New(b.exe)
 	target, err := serverAddr(b.dsn)
 	for i := 0; err == nil && i < n; i++ {
-		var p *testpg.Proxy
-		if p, err = testpg.NewProxy(target); err != nil {
+		var p *pgtemp.Proxy
+		if p, err = pgtemp.NewProxy(target); err != nil {
 			break
 		}
 		o.ID, o.Key = fmt.Sprintf("p%d", i), name
@@ -259,7 +259,7 @@ func (b *bencher) proxiedFleet(name string, n int, o fleet.Options) (*fleet.Flee
 	return f, proxies, nil
 }
 
-func closeProxied(f *fleet.Fleet, proxies map[string]*testpg.Proxy) {
+func closeProxied(f *fleet.Fleet, proxies map[string]*pgtemp.Proxy) {
 	f.StopAll()
 	for _, p := range proxies {
 		p.Close()
@@ -351,7 +351,7 @@ func (b *bencher) restart() error {
 		fmt.Fprintln(b.out, "bench: restart needs the throwaway server (no --dsn); skipped")
 		return nil
 	}
-	for _, mode := range []string{testpg.Fast, testpg.Immediate} {
+	for _, mode := range []string{pgtemp.Fast, pgtemp.Immediate} {
 		name := b.name("restart")
 		f := fleet.New(b.exe)
 		for i := 0; i < 3; i++ {
@@ -368,7 +368,7 @@ func (b *bencher) restart() error {
 			if err := b.srv.Restart(mode); err != nil {
 				return err
 			}
-			up := testpg.Mono()
+			up := fleet.Mono()
 			e, err := f.Next("elected", time.Minute)
 			if err != nil {
 				return err

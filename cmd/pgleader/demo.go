@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/internal/fleet"
-	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/pgtemp"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -19,12 +19,12 @@ const demoTimeout = 30 * time.Second
 
 // withDatabase runs f with --dsn, or with a throwaway PostgreSQL when none
 // is given.
-func withDatabase(dsn string, stdout io.Writer, opts testpg.Options, f func(dsn string, srv *testpg.Server) error) error {
+func withDatabase(dsn string, stdout io.Writer, opts pgtemp.Options, f func(dsn string, srv *pgtemp.Server) error) error {
 	if dsn != "" {
 		return f(dsn, nil)
 	}
 	fmt.Fprintln(stdout, "no --dsn or DATABASE_URL: starting a throwaway PostgreSQL ...")
-	srv, err := testpg.New(opts)
+	srv, err := pgtemp.New(opts)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	return withDatabase(*dsn, stdout, testpg.Options{}, func(dsn string, _ *testpg.Server) error {
+	return withDatabase(*dsn, stdout, pgtemp.Options{}, func(dsn string, _ *pgtemp.Server) error {
 		return demo(dsn, stdout)
 	})
 }
@@ -84,7 +84,7 @@ func demo(dsn string, out io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(out, "%s (%s) ...\n", what, cur.Identity)
-		began := testpg.Mono()
+		began := fleet.Mono()
 		if err := act(cur.Identity); err != nil {
 			return err
 		}

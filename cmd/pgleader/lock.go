@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 )
 
 func cmdLock(args []string, stdout, stderr io.Writer) error {
@@ -31,14 +32,14 @@ func cmdLock(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	code := 0
-	err = leader.TryRun(context.Background(), leader.DSN(*dsn), leader.KeyFromName(name),
-		leader.RunOptions{Identity: *identity, Wait: *wait},
+	err = lock.TryRun(context.Background(), leader.DSN(*dsn), leader.KeyFromName(name),
+		lock.Options{Identity: *identity, Wait: *wait},
 		func(ctx context.Context) error {
 			var err error
 			code, err = runChild(ctx, argv, *grace)
 			return err
 		})
-	var held *leader.HeldError
+	var held *lock.HeldError
 	switch {
 	case errors.As(err, &held):
 		fmt.Fprintf(stderr, "pgleader lock: %v\n", err)

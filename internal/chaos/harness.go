@@ -1,9 +1,12 @@
 // Package chaos is pgleader's fault harness: electors run as real OS
 // processes, each behind its own TCP proxy, against a throwaway PostgreSQL
 // with a synchronous standby, while a seeded random schedule injects
-// faults. A checker then verifies safety, fencing, liveness, callback
-// pairing and resource hygiene from the processes' event logs (stamped on
-// CLOCK_MONOTONIC) and the database.
+// faults, slow drains among them, while a sixth elector can reach only the
+// standby. A checker then verifies, one function each, safety
+// (checkSafety), fencing (checkTerms, checkWrites), liveness (during the
+// schedule), callback pairing (checkCallbacks), drains, standbys and leaked
+// goroutines (checkProcess) and leftover sessions (checkSessions), from the
+// processes' event logs (stamped on CLOCK_MONOTONIC) and the database.
 package chaos
 
 import (
@@ -16,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -418,88 +422,118 @@ type tenure struct {
 	graceful   bool // ended by a resign or a stop: lasts until OnElected returned
 }
 
+// check runs every check the package doc names over the event logs and
+// the database. Liveness is checked while the schedule runs.
 func (h *harness) check() {
-	r := h.report
-	ctx := context.Background()
-	now := h.mono()
 	var tenures []tenure
 	for _, p := range h.procs {
-		log := p.child.Log()
-		var cur *tenure
-		elected, demoted := 0, 0
-		for _, e := range log {
-			switch e.Ev {
-			case "elected":
-				elected++
-				if p.standbyOnly && (h.promoted == 0 || e.Mono < h.promoted) {
-					r.Violations = append(r.Violations, fmt.Sprintf("standby: %s (term %d) was elected while it could reach only the standby", p.id, e.Term))
-				}
-				if cur != nil {
-					r.Violations = append(r.Violations, p.id+": elected twice without a step-down")
-				}
-				cur = &tenure{id: p.id, start: e.Mono, term: e.Term}
-			case "ctxdone":
-				// The belief ends here. After a graceful step-down (a
-				// resign, a stop, OnElected returning) the lock is kept
-				// until OnElected returns, so the tenure lasts until then.
-				if cur != nil {
-					cur.end = e.Mono
-					if e.Err == "resigned" || e.Err == "stopped" || e.Err == "callback_returned" {
-						cur.graceful = true
-					} else {
-						tenures = append(tenures, *cur)
-						cur = nil
-					}
-				}
-			case "returned":
-				if cur != nil {
-					cur.end = e.Mono
-					tenures = append(tenures, *cur)
-					cur = nil
-				}
-				if strings.HasPrefix(e.Data, "drain refused=") && e.Data != "drain refused=0" {
-					r.Violations = append(r.Violations, fmt.Sprintf("drain: %s (term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Term, e.Data))
-				}
-			case "demoted":
-				demoted++
-			case "exited":
-				if e.Data != "" {
-					r.Violations = append(r.Violations, p.id+": leaked goroutines: "+e.Data)
-				}
-			}
-		}
-		if cur != nil { // killed while leading, or a broken elector
-			cur.end = now
-			if p.killed != 0 {
-				cur.end = p.killed
-			}
-			tenures = append(tenures, *cur)
-		}
-		// A stopped process acts only until it is stopped; the moments
-		// after it resumes and before it notices are the allowed exception
-		// (its fenced writes are then refused, which the write check shows).
-		for i := range tenures {
-			t := &tenures[i]
-			if t.id != p.id {
-				continue
-			}
-			for _, s := range p.stops {
-				if s[0] >= t.start && s[0] < t.end {
-					t.end = s[0]
-					break
-				}
-			}
-		}
-		wantDemoted := elected
-		if p.killed != 0 && cur != nil {
-			wantDemoted--
-		}
-		if demoted != wantDemoted && h.cfg.Broken == 0 {
-			r.Violations = append(r.Violations, fmt.Sprintf("callbacks: %s had %d OnElected and %d OnDemoted", p.id, elected, demoted))
+		h.checkCallbacks(p)
+		h.checkProcess(p)
+		tenures = append(tenures, h.tenuresOf(p)...)
+	}
+	h.report.Tenures = len(tenures)
+	sort.Slice(tenures, func(i, j int) bool { return tenures[i].start < tenures[j].start })
+	h.measureFailover(tenures)
+	h.checkSafety(tenures)
+	h.checkTerms(tenures)
+	conn, err := h.current.Connect(context.Background())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	h.checkWrites(conn)
+	h.checkSessions(conn)
+}
+
+func (h *harness) violate(format string, args ...any) {
+	h.report.Violations = append(h.report.Violations, fmt.Sprintf(format, args...))
+}
+
+// tenuresOf reads p's tenures from its log. A tenure starts at OnElected.
+// It ends when the belief ends (its context is cancelled) after a fault;
+// after a graceful step-down (a resign, a stop, OnElected returning) the
+// lock is kept until OnElected returns, so it ends then. A killed process's
+// open tenure ends at the kill, and any tenure ends at a SIGSTOP: a
+// stopped process acts only until it is stopped; the moments after it
+// resumes and before it notices are the allowed exception, whose fenced
+// writes must be refused (checkWrites).
+func (h *harness) tenuresOf(p *proc) []tenure {
+	var out []tenure
+	var cur *tenure
+	for _, e := range p.child.Log() {
+		switch {
+		case e.Ev == "elected":
+			cur = &tenure{id: p.id, start: e.Mono, term: e.Term}
+		case cur == nil:
+		case e.Ev == "ctxdone" && (e.Err == "resigned" || e.Err == "stopped" || e.Err == "callback_returned"):
+			cur.end, cur.graceful = e.Mono, true
+		case e.Ev == "ctxdone" && !cur.graceful, e.Ev == "returned":
+			cur.end = e.Mono
+			out = append(out, *cur)
+			cur = nil
 		}
 	}
-	r.Tenures = len(tenures)
-	sort.Slice(tenures, func(i, j int) bool { return tenures[i].start < tenures[j].start })
+	if cur != nil { // killed while leading, or a broken elector
+		cur.end = h.mono()
+		if p.killed != 0 {
+			cur.end = p.killed
+		}
+		out = append(out, *cur)
+	}
+	for i := range out {
+		for _, s := range p.stops {
+			if s[0] >= out[i].start && s[0] < out[i].end {
+				out[i].end = s[0]
+				break
+			}
+		}
+	}
+	return out
+}
+
+// checkCallbacks: exactly one OnDemoted per OnElected, never two OnElected
+// in a row (a killed process may miss its last OnDemoted).
+func (h *harness) checkCallbacks(p *proc) {
+	elected, demoted, open := 0, 0, false
+	for _, e := range p.child.Log() {
+		switch e.Ev {
+		case "elected":
+			if open {
+				h.violate("callbacks: %s elected twice without a step-down", p.id)
+			}
+			elected, open = elected+1, true
+		case "demoted":
+			demoted, open = demoted+1, false
+		}
+	}
+	want := elected
+	if p.killed != 0 && open {
+		want--
+	}
+	if demoted != want && h.cfg.Broken == 0 {
+		h.violate("callbacks: %s had %d OnElected and %d OnDemoted", p.id, elected, demoted)
+	}
+}
+
+// checkProcess: no goroutine leaked at exit, no refused write during a slow
+// drain (the lock was kept), and no election while only a standby was
+// reachable.
+func (h *harness) checkProcess(p *proc) {
+	for _, e := range p.child.Log() {
+		switch {
+		case e.Ev == "exited" && e.Data != "":
+			h.violate("resources: %s leaked goroutines: %s", p.id, e.Data)
+		case e.Ev == "returned" && strings.HasPrefix(e.Data, "drain refused=") && e.Data != "drain refused=0":
+			h.violate("drain: %s (term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Term, e.Data)
+		case e.Ev == "elected" && p.standbyOnly && (h.promoted == 0 || e.Mono < h.promoted):
+			h.violate("standby: %s (term %d) was elected while it could reach only the standby", p.id, e.Term)
+		}
+	}
+}
+
+// measureFailover records, per fault, the time from its injection to the
+// next election.
+func (h *harness) measureFailover(tenures []tenure) {
 	for _, f := range h.faultLog {
 		if !strings.HasPrefix(f.Ev, "fault:") {
 			continue
@@ -507,11 +541,19 @@ func (h *harness) check() {
 		for _, t := range tenures {
 			if t.start > f.Mono {
 				name := strings.TrimPrefix(f.Ev, "fault:")
-				r.Failover[name] = append(r.Failover[name], time.Duration(t.start-f.Mono))
+				h.report.Failover[name] = append(h.report.Failover[name], time.Duration(t.start-f.Mono))
 				break
 			}
 		}
 	}
+}
+
+// checkSafety: no tenure starts before the previous one ended, except when
+// the server itself ended the old leader's session (terminate, cut): the
+// lock is free at once and the old leader learns it a moment later, an
+// overlap that only fencing orders (counted, up to 200ms).
+func (h *harness) checkSafety(tenures []tenure) {
+	r := h.report
 	var maxEnd int64
 	var maxID string
 	for i, t := range tenures {
@@ -521,41 +563,51 @@ func (h *harness) check() {
 				r.ServerEnded++
 				r.MaxServerEnded = max(r.MaxServerEnded, overlap)
 			} else {
-				r.Violations = append(r.Violations, fmt.Sprintf("safety: %s (term %d) elected %s before %s stepped down (last fault: %s)",
-					t.id, t.term, overlap, maxID, f))
+				h.violate("safety: %s (term %d) elected %s before %s stepped down (last fault: %s)", t.id, t.term, overlap, maxID, f)
 				if len(r.history) == 0 {
 					h.history(t.start)
 				}
 			}
 		}
-		if i > 0 && t.term <= tenures[i-1].term {
-			r.Violations = append(r.Violations, fmt.Sprintf("fencing: term %d of %s does not exceed the previous tenure's %d", t.term, t.id, tenures[i-1].term))
-		}
 		if t.end > maxEnd {
 			maxEnd, maxID = t.end, t.id
 		}
 	}
-	conn, err := h.current.Connect(ctx)
-	if err != nil {
-		h.t.Fatal(err)
+}
+
+// checkTerms: each tenure's fencing term exceeds the previous tenure's.
+func (h *harness) checkTerms(tenures []tenure) {
+	for i := 1; i < len(tenures); i++ {
+		if t := tenures[i]; t.term <= tenures[i-1].term {
+			h.violate("fencing: term %d of %s does not exceed the previous tenure's %d", t.term, t.id, tenures[i-1].term)
+		}
 	}
-	defer conn.Close(ctx)
+}
+
+// checkWrites: no accepted write carries a term older than one accepted
+// before it.
+func (h *harness) checkWrites(conn *pgx.Conn) {
+	ctx := context.Background()
+	r := h.report
 	conn.QueryRow(ctx, `SELECT count(*) FROM chaos_writes`).Scan(&r.Writes)
 	conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM chaos_writes) s WHERE term < before`).Scan(&r.Stale)
 	if r.Stale > 0 {
-		r.Violations = append(r.Violations, fmt.Sprintf("fencing: %d writes with a stale term were accepted", r.Stale))
+		h.violate("fencing: %d writes with a stale term were accepted", r.Stale)
 	}
-	// Resources: no session of any elector is left on the server.
+}
+
+// checkSessions: no session of any elector is left on the server.
+func (h *harness) checkSessions(conn *pgx.Conn) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var n int
-		conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'chaos-%'`).Scan(&n)
+		conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'chaos-%'`).Scan(&n)
 		if n == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			r.Violations = append(r.Violations, fmt.Sprintf("resources: %d elector sessions left on the server", n))
-			break
+			h.violate("resources: %d elector sessions left on the server", n)
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

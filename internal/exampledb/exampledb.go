@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/pgtemp"
 )
 
 // DSN returns a connection string and a function that releases it.
@@ -15,7 +15,7 @@ func DSN() (string, func(), error) {
 		return dsn, func() {}, nil
 	}
 	fmt.Println("DATABASE_URL not set: starting a throwaway PostgreSQL ...")
-	srv, err := testpg.New(testpg.Options{})
+	srv, err := pgtemp.New(pgtemp.Options{})
 	if err != nil {
 		return "", nil, err
 	}

@@ -21,12 +21,8 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
-
-// Event is what a candidate reports; see testpg.Event.
-type Event = testpg.Event
 
 // Options configure one candidate.
 type Options struct {
@@ -60,7 +56,7 @@ func (o Options) Args() []string {
 // RunCandidate runs one elector until stdin says "exit" or closes, or ctx
 // ends. It writes events to out and reads "resign" and "exit" from in.
 func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) error {
-	em := testpg.NewEmitter(out)
+	em := NewEmitter(out)
 	cfg := elector.Config{
 		Connect:  elector.DSN(o.DSN),
 		Key:      leader.KeyFromName(o.Key),
@@ -117,12 +113,12 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 
 type renewReporter struct {
 	leader.NopObserver
-	em *testpg.Emitter
+	em *Emitter
 	id string
 }
 
 func (r renewReporter) Renewed(l leader.Leadership, latency time.Duration) {
-	r.em.Emit(Event{Ev: "renewed", Identity: r.id, Mono: testpg.Mono() - int64(latency)})
+	r.em.Emit(Event{Ev: "renewed", Identity: r.id, Mono: Mono() - int64(latency)})
 }
 
 func (r renewReporter) Elected(l leader.Leadership) {

@@ -1,4 +1,4 @@
-package leader_test
+package lock_test
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 )
 
 const waitLong = 30 * time.Second
@@ -38,8 +39,8 @@ func childMain(role string) int {
 	if <-lines != "go" {
 		return 2
 	}
-	err := leader.TryRun(context.Background(), leader.DSN(os.Getenv("CHILD_DSN")), leader.KeyFromName(os.Getenv("CHILD_KEY")),
-		leader.RunOptions{Identity: os.Getenv("CHILD_ID")}, func(ctx context.Context) error {
+	err := lock.TryRun(context.Background(), leader.DSN(os.Getenv("CHILD_DSN")), leader.KeyFromName(os.Getenv("CHILD_KEY")),
+		lock.Options{Identity: os.Getenv("CHILD_ID")}, func(ctx context.Context) error {
 			em.Emit(testpg.Event{Ev: "running"})
 			<-lines // "finish", or stdin closed
 			return nil
@@ -47,7 +48,7 @@ func childMain(role string) int {
 	switch {
 	case err == nil:
 		em.Emit(testpg.Event{Ev: "ran"})
-	case errors.Is(err, leader.ErrLockHeld):
+	case errors.Is(err, lock.ErrHeld):
 		em.Emit(testpg.Event{Ev: "skipped", Data: err.Error()})
 	default:
 		em.Emit(testpg.Event{Ev: "error", Err: err.Error()})
@@ -69,7 +70,7 @@ func TestTryRunExactlyOnceGoroutines(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{Identity: fmt.Sprintf("runner-%d", i)},
+			err := lock.TryRun(context.Background(), leader.DSN(dsn), key, lock.Options{Identity: fmt.Sprintf("runner-%d", i)},
 				func(ctx context.Context) error {
 					ran.Add(1)
 					select { // hold the lock until every other runner has tried
@@ -78,8 +79,8 @@ func TestTryRunExactlyOnceGoroutines(t *testing.T) {
 					}
 					return nil
 				})
-			if errors.Is(err, leader.ErrLockHeld) {
-				var he *leader.HeldError
+			if errors.Is(err, lock.ErrHeld) {
+				var he *lock.HeldError
 				if !errors.As(err, &he) || !strings.HasPrefix(he.Holder.Identity, "runner-") {
 					errs <- fmt.Errorf("skipped without the holder: %v", err)
 				}
@@ -167,7 +168,7 @@ func TestTryRunReleases(t *testing.T) {
 	c := leader.DSN(dsn)
 	ctx := context.Background()
 	boom := errors.New("boom")
-	if err := leader.TryRun(ctx, c, key, leader.RunOptions{}, func(context.Context) error { return boom }); !errors.Is(err, boom) {
+	if err := lock.TryRun(ctx, c, key, lock.Options{}, func(context.Context) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("want fn's error, got %v", err)
 	}
 	func() {
@@ -176,10 +177,10 @@ func TestTryRunReleases(t *testing.T) {
 				t.Fatalf("panic not re-raised: %v", r)
 			}
 		}()
-		leader.TryRun(ctx, c, key, leader.RunOptions{}, func(context.Context) error { panic("kaboom") })
+		lock.TryRun(ctx, c, key, lock.Options{}, func(context.Context) error { panic("kaboom") })
 	}()
 	ran := false
-	if err := leader.TryRun(ctx, c, key, leader.RunOptions{}, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+	if err := lock.TryRun(ctx, c, key, lock.Options{}, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
 		t.Fatalf("after an error and a panic the lock should be free: ran=%v err=%v", ran, err)
 	}
 	h, err := leader.Holder(ctx, conn(t), key)
@@ -197,7 +198,7 @@ func TestTryRunCancelsOnConnectionLoss(t *testing.T) {
 	var cause error
 	done := make(chan error, 1)
 	go func() {
-		done <- leader.TryRun(context.Background(), leader.DSN(s.DSN()), key, leader.RunOptions{Identity: "doomed-job", CheckInterval: 100 * time.Millisecond},
+		done <- lock.TryRun(context.Background(), leader.DSN(s.DSN()), key, lock.Options{Identity: "doomed-job", CheckInterval: 100 * time.Millisecond},
 			func(ctx context.Context) error {
 				close(started)
 				<-ctx.Done()
@@ -227,20 +228,20 @@ func TestTryRunWait(t *testing.T) {
 	release := make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
-		first <- leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{}, func(context.Context) error {
+		first <- lock.TryRun(context.Background(), leader.DSN(dsn), key, lock.Options{}, func(context.Context) error {
 			close(holding)
 			<-release
 			return nil
 		})
 	}()
 	<-holding
-	if err := leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{Wait: 50 * time.Millisecond},
-		func(context.Context) error { return nil }); !errors.Is(err, leader.ErrLockHeld) {
+	if err := lock.TryRun(context.Background(), leader.DSN(dsn), key, lock.Options{Wait: 50 * time.Millisecond},
+		func(context.Context) error { return nil }); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("short wait: want ErrLockHeld, got %v", err)
 	}
 	second := make(chan error, 1)
 	go func() {
-		second <- leader.TryRun(context.Background(), leader.DSN(dsn), key, leader.RunOptions{Wait: waitLong}, func(context.Context) error { return nil })
+		second <- lock.TryRun(context.Background(), leader.DSN(dsn), key, lock.Options{Wait: waitLong}, func(context.Context) error { return nil })
 	}()
 	close(release)
 	if err := <-first; err != nil {

@@ -1,4 +1,4 @@
-package leader_test
+package lock_test
 
 import (
 	"context"
@@ -9,16 +9,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 )
 
-func guardedPool(t testing.TB, g leader.PoolGuard) *pgxpool.Pool {
+func guardedPool(t testing.TB, g lock.PoolGuard) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(server(t).DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 1
-	leader.GuardPool(cfg, g)
+	lock.GuardPool(cfg, g)
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -49,13 +50,13 @@ func crashingJob(t *testing.T, p *pgxpool.Pool, key leader.Key) (pid uint32) {
 }
 
 func TestPoolGuard(t *testing.T) {
-	for _, mode := range []leader.GuardMode{leader.GuardUnlock, leader.GuardDestroy, leader.GuardUnlockBlind} {
-		name := map[leader.GuardMode]string{leader.GuardUnlock: "unlock", leader.GuardDestroy: "destroy", leader.GuardUnlockBlind: "blind"}[mode]
-		destroy := mode == leader.GuardDestroy
+	for _, mode := range []lock.GuardMode{lock.GuardUnlock, lock.GuardDestroy, lock.GuardUnlockBlind} {
+		name := map[lock.GuardMode]string{lock.GuardUnlock: "unlock", lock.GuardDestroy: "destroy", lock.GuardUnlockBlind: "blind"}[mode]
+		destroy := mode == lock.GuardDestroy
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			var leaks atomic.Int32
-			p := guardedPool(t, leader.PoolGuard{Mode: mode, OnLeak: func(_ *pgx.Conn, n int) { leaks.Add(int32(n)) }})
+			p := guardedPool(t, lock.PoolGuard{Mode: mode, OnLeak: func(_ *pgx.Conn, n int) { leaks.Add(int32(n)) }})
 			key := leader.KeyFromName(t.Name())
 			leakedPid := crashingJob(t, p, key)
 			// The next user of the pool must not hold the lock.
@@ -79,7 +80,7 @@ func TestPoolGuard(t *testing.T) {
 			if err != nil || h.Held {
 				t.Fatalf("the leaked lock is still held: %+v %v", h, err)
 			}
-			if want := map[bool]int32{true: 0, false: 1}[mode == leader.GuardUnlockBlind]; leaks.Load() != want {
+			if want := map[bool]int32{true: 0, false: 1}[mode == lock.GuardUnlockBlind]; leaks.Load() != want {
 				t.Fatalf("OnLeak saw %d locks, want %d", leaks.Load(), want)
 			}
 		})
@@ -109,9 +110,9 @@ func benchPool(b *testing.B, mode string, query bool) {
 				b.Fatal(err)
 			}
 			cfg.MaxConns = 1
-			if m, ok := map[string]leader.GuardMode{"guard-unlock": leader.GuardUnlock,
-				"guard-destroy": leader.GuardDestroy, "guard-blind": leader.GuardUnlockBlind}[mode]; ok {
-				leader.GuardPool(cfg, leader.PoolGuard{Mode: m})
+			if m, ok := map[string]lock.GuardMode{"guard-unlock": lock.GuardUnlock,
+				"guard-destroy": lock.GuardDestroy, "guard-blind": lock.GuardUnlockBlind}[mode]; ok {
+				lock.GuardPool(cfg, lock.PoolGuard{Mode: m})
 			}
 			p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			if err != nil {

@@ -1,4 +1,4 @@
-package leader_test
+package lock_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 )
 
 func pool(t testing.TB, max int32) *pgxpool.Pool {
@@ -46,7 +47,7 @@ func TestLockTxSerialisesReadModifyWrite(t *testing.T) {
 			for i := 0; i < each; i++ {
 				lctx, cancel := context.WithTimeout(ctx, waitLong)
 				err := pgx.BeginFunc(lctx, p, func(tx pgx.Tx) error {
-					if err := leader.LockTx(lctx, tx, leader.PairKey(confirm, 7)); err != nil {
+					if err := lock.Tx(lctx, tx, leader.PairKey(confirm, 7)); err != nil {
 						return err
 					}
 					var n int
@@ -85,7 +86,7 @@ func TestLockTxNamespacesAndTimeouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if ok, err := leader.TryLockTx(ctx, holder, leader.PairKey(confirm, 7)); err != nil || !ok {
+	if ok, err := lock.TryTx(ctx, holder, leader.PairKey(confirm, 7)); err != nil || !ok {
 		t.Fatalf("TryLockTx on a free key: %v %v", ok, err)
 	}
 
@@ -98,7 +99,7 @@ func TestLockTxNamespacesAndTimeouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if err := leader.LockTx(lctx, other, leader.PairKey(refund, 7)); err != nil {
+	if err := lock.Tx(lctx, other, leader.PairKey(refund, 7)); err != nil {
 		t.Fatalf("other namespace blocked: %v", err)
 	}
 	cancel()
@@ -106,7 +107,7 @@ func TestLockTxNamespacesAndTimeouts(t *testing.T) {
 	if err := other.QueryRow(ctx, "SHOW lock_timeout").Scan(&lt); err != nil || lt != "4321ms" {
 		t.Fatalf("lock_timeout not restored: %q %v", lt, err)
 	}
-	if ok, err := leader.TryLockTx(ctx, other, leader.PairKey(confirm, 7)); err != nil || ok {
+	if ok, err := lock.TryTx(ctx, other, leader.PairKey(confirm, 7)); err != nil || ok {
 		t.Fatalf("TryLockTx on a held key: %v %v", ok, err)
 	}
 	other.Rollback(ctx)
@@ -122,12 +123,12 @@ func TestLockTxNamespacesAndTimeouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := leader.LockTx(ctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, leader.ErrNoDeadline) {
+	if err := lock.Tx(ctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, lock.ErrNoDeadline) {
 		t.Fatalf("no deadline: %v", err)
 	}
 	lctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if err := leader.LockTx(lctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, leader.ErrLockHeld) {
+	if err := lock.Tx(lctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("held key: want ErrLockHeld, got %v", err)
 	}
 	tx.Rollback(ctx)
@@ -148,7 +149,7 @@ func TestRunTxIdempotency(t *testing.T) {
 	key := leader.PairKey(webhooks, 1001)
 	handle := func(inside func()) (string, error) {
 		outcome := ""
-		err := leader.RunTx(ctx, p, key, func(ctx context.Context, tx pgx.Tx) error {
+		err := lock.RunTx(ctx, p, key, func(ctx context.Context, tx pgx.Tx) error {
 			var done bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed WHERE event_id = 1001)`).Scan(&done); err != nil {
 				return err
@@ -173,7 +174,7 @@ func TestRunTxIdempotency(t *testing.T) {
 	}()
 	<-inFirst
 	for i := 0; i < 3; i++ {
-		if _, err := handle(func() {}); !errors.Is(err, leader.ErrInProgress) {
+		if _, err := handle(func() {}); !errors.Is(err, lock.ErrInProgress) {
 			t.Fatalf("concurrent duplicate: want ErrInProgress, got %v", err)
 		}
 	}
@@ -225,10 +226,10 @@ func TestLockTxOverridesStatementTimeout(t *testing.T) {
 	lctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	began := time.Now()
-	err = leader.LockTx(lctx, tx, key)
+	err = lock.Tx(lctx, tx, key)
 	took := time.Since(began)
 	var pgErr *pgconn.PgError
-	if !errors.Is(err, leader.ErrLockHeld) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+	if !errors.Is(err, lock.ErrHeld) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("LockTx: %v; want ErrLockHeld with the server's 55P03", err)
 	}
 	if took < wait*3/4 {
@@ -251,7 +252,7 @@ func TestLockTxOverridesStatementTimeout(t *testing.T) {
 	defer tx.Rollback(ctx)
 	lctx2, cancel2 := context.WithTimeout(ctx, wait)
 	defer cancel2()
-	if err := leader.LockTx(lctx2, tx, key); err != nil {
+	if err := lock.Tx(lctx2, tx, key); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&st); err != nil || st != "200ms" {

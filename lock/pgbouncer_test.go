@@ -1,4 +1,4 @@
-package leader_test
+package lock_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 )
 
 // Behind PgBouncer in transaction mode, a second runner lands on the
@@ -26,7 +27,7 @@ func TestTryRunBehindPgBouncer(t *testing.T) {
 			release := make(chan struct{})
 			first := make(chan error, 1)
 			go func() {
-				first <- leader.TryRun(context.Background(), leader.DSN(bouncer.DSN()), key, leader.RunOptions{Identity: "first"},
+				first <- lock.TryRun(context.Background(), leader.DSN(bouncer.DSN()), key, lock.Options{Identity: "first"},
 					func(ctx context.Context) error { close(holding); <-release; return nil })
 			}()
 			select {
@@ -35,14 +36,14 @@ func TestTryRunBehindPgBouncer(t *testing.T) {
 				t.Fatalf("first runner: %v", err)
 			}
 			ran := false
-			err := leader.TryRun(context.Background(), leader.DSN(bouncer.DSN()), key, leader.RunOptions{Identity: "second"},
+			err := lock.TryRun(context.Background(), leader.DSN(bouncer.DSN()), key, lock.Options{Identity: "second"},
 				func(ctx context.Context) error { ran = true; return nil })
 			close(release)
 			<-first
 			if ran {
 				t.Fatal("the second runner ran while the first held the lock")
 			}
-			want := leader.ErrLockHeld
+			want := lock.ErrHeld
 			if mode == "transaction" {
 				want = leader.ErrTransactionPooling
 			}

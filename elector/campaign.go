@@ -1,0 +1,160 @@
+package elector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/leader"
+	"go.uber.org/zap"
+)
+
+// connectAndServe opens a lease, campaigns and leads on it until it breaks
+// or ctx ends, and closes it. It reports how long the session served.
+func (e *Elector) connectAndServe(ctx context.Context) (time.Duration, error) {
+	ls, err := e.open(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer ls.Close()
+	e.log.Info("connected", zap.Uint32("backend_pid", ls.PID()))
+	e.note(func(st *Status) { st.Connected, st.LastRound, st.LastError = true, time.Now(), "" })
+	began := time.Now()
+	err = e.serve(ctx, ls)
+	return time.Since(began), err
+}
+
+// serve alternates campaigns and tenures on one session.
+func (e *Elector) serve(ctx context.Context, ls lease) error {
+	coolDown, possiblyHeld := false, false
+	var campaignStart time.Time
+	for {
+		if err := e.waitCallback(ctx); err != nil {
+			return err
+		}
+		if coolDown {
+			// Give a waiting candidate the lock we just released.
+			coolDown = false
+			t := time.NewTimer(e.cfg.RenewInterval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+		if campaignStart.IsZero() {
+			campaignStart = time.Now()
+			e.log.Info("campaigning")
+			e.obs.Campaigning(e.cfg.Key, e.cfg.Identity)
+		}
+		won, sent, err := e.campaign(ctx, ls, &possiblyHeld)
+		if err != nil {
+			return err
+		}
+		e.note(func(st *Status) { st.LastRound = time.Now() })
+		if !won {
+			continue
+		}
+		e.obs.LockWaited(e.cfg.Key, time.Since(campaignStart), true)
+		campaignStart = time.Time{}
+		reason, keepConn := e.lead(ctx, ls, sent)
+		if !keepConn {
+			return reason
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		coolDown = true
+	}
+}
+
+// campaign runs one campaign round (see lockconn.Lease.Campaign): it looks
+// up the holder, then waits for the lock for at most RenewInterval
+// (lock_timeout), in one round trip. A round that ends in lock_timeout
+// leaves the lock possibly held: the grant can race the timeout, and the
+// next round adopts a lock it finds held (lockconn.Adopt).
+//
+// The round has a client-side deadline: its lock wait plus RenewDeadline.
+// A proxy that keeps the socket open but forwards nothing ends the round
+// there with ErrConnectionLost, and Run reconnects.
+func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (won bool, sent time.Time, err error) {
+	sent = time.Now()
+	rctx, cancel := context.WithDeadline(ctx, sent.Add(e.cfg.RenewInterval+e.cfg.RenewDeadline))
+	defer cancel()
+	r, err := ls.Campaign(rctx, e.target, false)
+	if err != nil {
+		if rctx.Err() == context.DeadlineExceeded && !errors.Is(err, leader.ErrConnectionLost) {
+			err = fmt.Errorf("%w: no answer to a campaign round within its lock wait plus RenewDeadline (%s): %w",
+				leader.ErrConnectionLost, e.cfg.RenewInterval+e.cfg.RenewDeadline, err)
+		}
+		return false, sent, err
+	}
+	switch {
+	case r.Free:
+		empty := ""
+		e.leaderID.Store(&empty) // nobody leads; no callback for that
+	case r.Holder != "":
+		e.setLeader(r.Holder)
+	}
+	if r.Busy && !r.Held {
+		e.log.Debug("lock busy; campaigning again", zap.String("holder", r.Holder))
+		*possiblyHeld = true
+		return false, sent, nil
+	}
+	won, err = lockconn.Adopt(r, *possiblyHeld, ls.PID())
+	if err == nil && r.Already {
+		e.log.Info("the last lock wait timed out as the lock was granted; holding it")
+	}
+	*possiblyHeld = false
+	return won, sent, err
+}
+
+// errTermStuck: the lock is ours, but the next term could not be installed
+// within LeaseDuration because an earlier leader's fenced transaction holds
+// the term row.
+var errTermStuck = errors.New("fencing term row locked by an earlier leader's transaction")
+
+// confirm proves, right after the lock was granted, that our own backend
+// holds it (which also catches a transaction-pooling proxy), and with
+// fencing installs the next term in the same round trip. While the term
+// row is busy it tries again, each check moving the trust window, for up
+// to LeaseDuration. It returns when the successful check was sent, and the
+// term.
+func (e *Elector) confirm(ls lease, sent time.Time) (time.Time, int64, error) {
+	giveUp := time.Now().Add(e.cfg.LeaseDuration)
+	trustFrom := sent
+	for {
+		vsent := time.Now()
+		ctx, cancel := context.WithDeadline(context.Background(), trustFrom.Add(e.cfg.RenewDeadline))
+		term, err := ls.Confirm(ctx, e.target)
+		cancel()
+		if !errors.Is(err, lockconn.ErrTermBusy) {
+			return vsent, term, e.classifyConfirm(err)
+		}
+		trustFrom = vsent // the check in that round trip succeeded
+		if time.Now().After(giveUp) {
+			return vsent, 0, errTermStuck
+		}
+	}
+}
+
+// classifyConfirm names a failed term installation: the server's refusals
+// (a missing table, a privilege, a read-only session) through terms.Classify,
+// anything else on the wire as a lost connection.
+func (e *Elector) classifyConfirm(err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil || errors.Is(err, leader.ErrConnectionLost) || errors.Is(err, leader.ErrRenewDeadline) ||
+		errors.Is(err, leader.ErrTransactionPooling) || errors.Is(err, leader.ErrStandby) || errors.Is(err, leader.ErrLockLost):
+		return err
+	case errors.As(err, &pgErr):
+		return fmt.Errorf("install term: %w", terms.Classify(err, e.cfg.Fencing.Table))
+	default:
+		return fmt.Errorf("%w: install term: %w", leader.ErrConnectionLost, err)
+	}
+}

@@ -1,0 +1,61 @@
+package elector
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/terms"
+)
+
+// lease is what the elector needs of its lock session. *lockconn.Lease is
+// the real one, on a dedicated PostgreSQL connection; tests script one to
+// reach branches a real server rarely takes (a grant that races its
+// timeout, a busy or stuck fencing term).
+type lease interface {
+	PID() uint32
+	Campaign(ctx context.Context, t *lockconn.Target, try bool) (lockconn.Round, error)
+	Confirm(ctx context.Context, t *lockconn.Target) (term int64, err error)
+	Renew(ctx context.Context, t *lockconn.Target) error
+	WaitIdle(ctx context.Context, until time.Time) error
+	Unlock(ctx context.Context, t *lockconn.Target) error
+	Close()
+}
+
+// openLease connects and sets the session up in one round trip:
+// application_name, the lock wait bound (RenewInterval), the server-side
+// lease (idle_session_timeout = LeaseDuration), keepalives, and
+// synchronous_commit (a fencing term must survive a crash and a failover);
+// with fencing it also makes sure the terms table exists. All of it is
+// bounded by LeaseDuration.
+func (e *Elector) openLease(ctx context.Context) (lease, error) {
+	c := e.cfg
+	ctx, cancel := context.WithTimeout(ctx, c.LeaseDuration)
+	defer cancel()
+	conn, err := c.Connect.Connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{
+		Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
+		KeepIdle: c.RenewDeadline, SyncCommit: true,
+	})
+	if err != nil {
+		lockconn.Close(conn)
+		return nil, fmt.Errorf("session setup: %w", err)
+	}
+	if ls.Major() < 14 {
+		e.log.Warn("PostgreSQL before 14 has no idle_session_timeout: a paused or partitioned leader keeps the lock on the server until TCP keepalives end its session, and a paused process answers keepalives",
+			zap.Int("server_major", ls.Major()))
+	}
+	if f := c.Fencing; f.Enabled {
+		if err := terms.Ensure(ctx, ls.Conn(), f.Table, !f.NoCreate); err != nil {
+			ls.Close()
+			return nil, fmt.Errorf("fencing: %w", err)
+		}
+	}
+	return ls, nil
+}

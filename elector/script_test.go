@@ -1,0 +1,245 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// scriptLease stands in for PostgreSQL: each campaign round and each
+// confirm answers the next scripted step. Past the script, a campaign round
+// waits out its context and reads as Busy, and a confirm succeeds.
+type scriptLease struct {
+	mu        sync.Mutex
+	campaigns []step
+	confirms  []step
+	calls     []string
+}
+
+type step struct {
+	round lockconn.Round
+	term  int64
+	err   error
+}
+
+func (s *scriptLease) record(call string) {
+	s.mu.Lock()
+	s.calls = append(s.calls, call)
+	s.mu.Unlock()
+}
+
+func (s *scriptLease) count(call string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.calls {
+		if c == call {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *scriptLease) next(q *[]step) (step, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(*q) == 0 {
+		return step{}, false
+	}
+	st := (*q)[0]
+	*q = (*q)[1:]
+	return st, true
+}
+
+func (s *scriptLease) PID() uint32 { return 4242 }
+
+func (s *scriptLease) Campaign(ctx context.Context, t *lockconn.Target, try bool) (lockconn.Round, error) {
+	s.record("campaign")
+	if st, ok := s.next(&s.campaigns); ok {
+		return st.round, st.err
+	}
+	select {
+	case <-ctx.Done():
+		return lockconn.Round{}, ctx.Err()
+	case <-time.After(10 * time.Millisecond):
+		return lockconn.Round{Busy: true, Holder: "someone", HolderPID: 1}, nil
+	}
+}
+
+func (s *scriptLease) Confirm(ctx context.Context, t *lockconn.Target) (int64, error) {
+	s.record("confirm")
+	if st, ok := s.next(&s.confirms); ok {
+		if errors.Is(st.err, lockconn.ErrTermBusy) {
+			time.Sleep(20 * time.Millisecond) // the server's lock_timeout on the term row
+		}
+		return st.term, st.err
+	}
+	return 1, nil
+}
+
+func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
+	s.record("renew")
+	return nil
+}
+
+func (s *scriptLease) WaitIdle(ctx context.Context, until time.Time) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(until)):
+		return nil
+	}
+}
+
+func (s *scriptLease) Unlock(ctx context.Context, t *lockconn.Target) error {
+	s.record("unlock")
+	return nil
+}
+
+func (s *scriptLease) Close() { s.record("close") }
+
+// scripted runs an elector on a scripted lease until stop is called.
+type scripted struct {
+	e       *elector.Elector
+	ls      *scriptLease
+	elected chan leader.Leadership
+	logs    *observer.ObservedLogs
+	done    chan error
+	cancel  context.CancelFunc
+}
+
+func runScripted(t *testing.T, ls *scriptLease, edit func(*elector.Config)) *scripted {
+	t.Helper()
+	core, logs := observer.New(zap.DebugLevel)
+	sc := &scripted{ls: ls, elected: make(chan leader.Leadership, 4), logs: logs, done: make(chan error, 1)}
+	cfg := elector.Config{
+		Connect: elector.DSN("postgres://u@127.0.0.1:1/db"), Key: leader.KeyFromName(t.Name()), Identity: "scripted",
+		Logger:        zap.New(core),
+		RenewInterval: 20 * time.Millisecond, RenewDeadline: 100 * time.Millisecond, LeaseDuration: 300 * time.Millisecond,
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+			sc.elected <- l
+			<-ctx.Done()
+		}},
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	e, err := elector.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elector.UseLease(e, ls)
+	sc.e = e
+	ctx, cancel := context.WithCancel(context.Background())
+	sc.cancel = cancel
+	go func() { sc.done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-sc.done:
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return")
+		}
+	})
+	return sc
+}
+
+func (sc *scripted) waitElected(t *testing.T) leader.Leadership {
+	t.Helper()
+	select {
+	case l := <-sc.elected:
+		return l
+	case <-time.After(10 * time.Second):
+		t.Fatal("not elected")
+		return leader.Leadership{}
+	}
+}
+
+// A lock wait that ended in lock_timeout as the lock was granted leaves the
+// session holding it; the next round finds it held and adopts it, with no
+// new grant and no stacking.
+func TestScriptedAdoptsGrantThatRacedTheTimeout(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{
+		{round: lockconn.Round{Busy: true, Holder: "old-leader", HolderPID: 7}},
+		{round: lockconn.Round{Already: true, Held: true}},
+	}}
+	sc := runScripted(t, ls, nil)
+	sc.waitElected(t)
+	if n := sc.logs.FilterMessage("the last lock wait timed out as the lock was granted; holding it").Len(); n != 1 {
+		t.Fatalf("adoption logged %d times, want 1", n)
+	}
+	if sc.e.Leader() != "scripted" {
+		t.Fatalf("Leader() = %q after the adoption", sc.e.Leader())
+	}
+}
+
+// A lock already held by this backend with no timed-out round before it
+// was taken by someone else on the same server connection: a
+// transaction-pooling proxy. Run gives up.
+func TestScriptedAlreadyHeldWithoutTimeoutIsPooling(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Already: true, Held: true}}}}
+	sc := runScripted(t, ls, nil)
+	select {
+	case err := <-sc.done:
+		sc.done <- err // for the cleanup
+		if !errors.Is(err, leader.ErrTransactionPooling) {
+			t.Fatalf("Run: %v, want ErrTransactionPooling", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run kept going")
+	}
+	select {
+	case <-sc.elected:
+		t.Fatal("elected on a shared backend")
+	default:
+	}
+}
+
+// A term row busy for a while (an earlier leader's fenced transaction
+// still open): the elector keeps confirming, and is elected with the term
+// once it is installed.
+func TestScriptedTermBusyThenInstalled(t *testing.T) {
+	ls := &scriptLease{
+		campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}},
+		confirms:  []step{{err: lockconn.ErrTermBusy}, {err: lockconn.ErrTermBusy}, {term: 7}},
+	}
+	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
+	l := sc.waitElected(t)
+	if l.Term != 7 || ls.count("confirm") != 3 {
+		t.Fatalf("term %d after %d confirms, want 7 after 3", l.Term, ls.count("confirm"))
+	}
+}
+
+// A term row that stays busy past LeaseDuration: the elector gives the
+// lock back (an unlock, not a dropped session), is not elected, and
+// campaigns again.
+func TestScriptedTermStuckReleasesAndCampaignsAgain(t *testing.T) {
+	busy := make([]step, 1000)
+	for i := range busy {
+		busy[i] = step{err: lockconn.ErrTermBusy}
+	}
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: busy}
+	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
+	eventually(t, "an unlock and a new campaign", func() (bool, string) {
+		return ls.count("unlock") > 0 && ls.count("campaign") >= 2,
+			fmt.Sprintf("%d unlocks, %d campaigns", ls.count("unlock"), ls.count("campaign"))
+	})
+	select {
+	case <-sc.elected:
+		t.Fatal("elected without a term")
+	default:
+	}
+	if sc.logs.FilterMessageSnippet("could not install the next fencing term").Len() == 0 {
+		t.Fatal("no error logged for the stuck term")
+	}
+}

@@ -1,0 +1,62 @@
+package elector
+
+import (
+	"time"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Status is a snapshot of an elector's state, for probes and status pages.
+type Status struct {
+	// Identity and Key are the elector's own.
+	Identity string
+	Key      leader.Key
+	// Leading is IsLeader(): the lock is held and the trust window is open.
+	Leading bool
+	// Tenure is true from the election until the demotion begins, even when
+	// the trust window has passed: a leader that believes it leads.
+	Tenure bool
+	// Leader is Leader(): the current leader's identity as last seen.
+	Leader string
+	// Term is the current tenure's fencing term (0 without fencing or when
+	// not leading).
+	Term int64
+	// Since is when the current tenure began (zero when not leading).
+	Since time.Time
+	// Connected reports whether the elector has a working session.
+	Connected bool
+	// LastRenew is when the last successful renew (or the election) was
+	// sent; zero before the first election.
+	LastRenew time.Time
+	// LastRound is when the elector last finished a step of its loop: a
+	// campaign round, a renew, or a connection attempt. Liveness probes
+	// watch it.
+	LastRound time.Time
+	// LastError is the last connection error or demotion reason ("" when
+	// none since the last success).
+	LastError string
+	// RenewInterval, RenewDeadline, LeaseDuration and ReleaseTimeout are
+	// the elector's settings, for probes.
+	RenewInterval, RenewDeadline, LeaseDuration, ReleaseTimeout time.Duration
+}
+
+// Status returns a snapshot of the elector's state.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	st := e.st
+	e.mu.Unlock()
+	st.Leading = e.IsLeader()
+	st.Tenure = e.leading.Load()
+	st.Leader = e.Leader()
+	if !st.Tenure {
+		st.Term, st.Since = 0, time.Time{}
+	}
+	return st
+}
+
+// note updates the status under the lock.
+func (e *Elector) note(f func(st *Status)) {
+	e.mu.Lock()
+	f(&e.st)
+	e.mu.Unlock()
+}

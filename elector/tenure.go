@@ -1,0 +1,287 @@
+package elector
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/pgleader/pgleader/leader"
+	"go.uber.org/zap"
+)
+
+// tenure is one term of leadership, from the election to OnDemoted.
+type tenure struct {
+	l       leader.Leadership
+	ctx     context.Context // OnElected's; cancelled when the step-down begins
+	cancel  context.CancelCauseFunc
+	cbDone  chan struct{} // closed when OnElected returned
+	demoted chan struct{} // closed after OnDemoted
+	trust   window
+	log     *zap.Logger
+}
+
+// window is a tenure's trust window. The leader trusts its leadership until
+// RenewDeadline after its last successful check was *sent* (not answered:
+// the server's lease runs from later than that), and renews RenewInterval
+// after it.
+type window struct {
+	lastOK             time.Time // when the last successful check was sent
+	interval, deadline time.Duration
+}
+
+// nextRenew is when the next renew is due.
+func (w window) nextRenew() time.Time { return w.lastOK.Add(w.interval) }
+
+// closes is when the window closes: the deadline of any check in flight.
+func (w window) closes() time.Time { return w.lastOK.Add(w.deadline) }
+
+// tenureKey marks OnElected's context with its tenure.
+type tenureKey struct{}
+
+// lead runs one tenure, from the lock being granted to the demotion:
+// begin, hold, step down. It reports the reason, and whether the connection
+// is still fit for use.
+func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time) (reason error, keepConn bool) {
+	vsent, term, err := e.confirm(ls, sent)
+	if errors.Is(err, errTermStuck) {
+		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
+			zap.String("table", e.cfg.Fencing.Table))
+		return err, e.unlock(ls) == nil
+	}
+	if err != nil {
+		return err, false
+	}
+	t := e.begin(ctx, ls.PID(), term, vsent, sent)
+	reason = e.hold(t, ls)
+	return e.stepDown(ctx, ls, t, reason)
+}
+
+// begin starts a tenure: it opens the trust window, starts OnElected, and
+// only then reports the election (log, Observer), so that nothing of the
+// user's runs between the lock check and OnElected (OnNewLeader is
+// dispatched to its own goroutine).
+func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, campaignSent time.Time) *tenure {
+	c := e.cfg
+	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
+	if c.Fencing.Enabled {
+		l.TermsTable = c.Fencing.Table
+	}
+	t := &tenure{l: l, demoted: make(chan struct{}), cbDone: make(chan struct{}),
+		trust: window{lastOK: vsent, interval: c.RenewInterval, deadline: c.RenewDeadline}}
+	// The marker lets Resign know a call made with OnElected's own context.
+	leadCtx, cancel := context.WithCancelCause(context.WithValue(ctx, tenureKey{}, t))
+	t.ctx, t.cancel = leadCtx, cancel
+	t.log = e.log.With(zap.Int64("term", term), zap.Uint32("backend_pid", pid))
+	e.trustUntil.Store(int64(t.trust.closes().Sub(e.epoch)))
+	e.leading.Store(true)
+	e.mu.Lock()
+	e.tenure, e.cbDone = t, t.cbDone
+	e.mu.Unlock()
+	// Leader() reads this elector's identity inside OnElected; OnNewLeader
+	// itself runs on its own goroutine, so nothing of the user's runs here.
+	e.setLeader(c.Identity)
+	go func() {
+		defer close(t.cbDone)
+		defer cancel(leader.ErrCallbackReturned)
+		c.Callbacks.OnElected(leadCtx, l)
+	}()
+	e.note(func(st *Status) {
+		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
+	})
+	t.log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(campaignSent)))
+	e.obs.Elected(l)
+	return t
+}
+
+// hold keeps the tenure: it renews on the RenewInterval schedule and reads
+// the idle socket in between, so that a terminated backend's FATAL message
+// or EOF ends the tenure at once. It returns the reason the tenure ends:
+// the cause of OnElected's context (a resign, OnElected returning, Run's
+// context) or a fault.
+func (e *Elector) hold(t *tenure, ls lease) error {
+	for {
+		werr := ls.WaitIdle(t.ctx, t.trust.nextRenew())
+		switch {
+		case t.ctx.Err() != nil:
+			return context.Cause(t.ctx)
+		case werr != nil:
+			return werr
+		}
+		if err := e.renew(t, ls, true); err != nil {
+			return err
+		}
+	}
+}
+
+// renew proves that this session's backend still holds the lock. The check
+// must answer within the trust window, RenewDeadline from when the last
+// successful renew was sent; a successful one moves the window to its own
+// send time. While leading (not draining) it also extends IsLeader.
+func (e *Elector) renew(t *tenure, ls lease, leading bool) error {
+	rsent := time.Now()
+	rctx, cancel := context.WithDeadline(context.Background(), t.trust.closes())
+	err := ls.Renew(rctx, e.target)
+	cancel()
+	if err != nil {
+		return err
+	}
+	t.trust.lastOK = rsent
+	if leading {
+		e.trustUntil.Store(int64(t.trust.closes().Sub(e.epoch)))
+	}
+	latency := time.Since(rsent)
+	e.note(func(st *Status) { st.LastRenew, st.LastRound = rsent, time.Now() })
+	e.obs.Renewed(t.l, latency)
+	t.log.Debug("renewed", zap.Duration("latency", latency), zap.Bool("draining", !leading))
+	return nil
+}
+
+// errReleaseTimeout: OnElected did not return within ReleaseTimeout.
+var errReleaseTimeout = errors.New("OnElected did not return within ReleaseTimeout")
+
+// stepDown ends a tenure: stop trusting, cancel OnElected, then either
+// drain (a graceful step-down: keep the lock, renewed, until OnElected
+// returns) and unlock, or (a fault: the lock is gone or in doubt) close the
+// session at once and wait for OnElected. OnDemoted comes last.
+func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason error) (error, bool) {
+	c := e.cfg
+	releaseAt := time.Now().Add(c.ReleaseTimeout)
+	e.leading.Store(false)
+	e.trustUntil.Store(0)
+	t.cancel(reason)
+	e.obs.Demoted(t.l, reason)
+	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
+	keepConn := false
+	if graceful {
+		t.log.Info("stepping down: waiting for OnElected to return, renewing meanwhile", zap.NamedError("reason", reason))
+		switch fault := e.drain(t, ls, releaseAt); {
+		case fault == nil:
+			keepConn = e.unlock(ls) == nil
+		case errors.Is(fault, errReleaseTimeout):
+			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
+				zap.Duration("release_timeout", c.ReleaseTimeout))
+			keepConn = e.unlock(ls) == nil
+		default:
+			t.log.Error("the lock was lost while OnElected was returning; another leader may act before it returns",
+				zap.NamedError("resign_reason", reason), zap.Error(fault))
+			reason = fault
+			graceful = false
+		}
+	}
+	if !graceful {
+		ls.Close() // the lock is gone or in doubt: end the session now
+		e.note(func(st *Status) { st.LastError = reason.Error() })
+		t.log.Warn("stepping down", zap.NamedError("reason", reason))
+		if !waitUntil(t.cbDone, releaseAt) {
+			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled",
+				zap.Duration("release_timeout", c.ReleaseTimeout))
+		}
+	} else if !keepConn {
+		ls.Close()
+	}
+	e.setLeaderIfSelf()
+	t.log.Info("demoted", zap.NamedError("reason", reason))
+	if c.Callbacks.OnDemoted != nil {
+		c.Callbacks.OnDemoted(t.l, reason)
+	}
+	e.mu.Lock()
+	e.tenure = nil
+	e.mu.Unlock()
+	close(t.demoted)
+	return reason, keepConn
+}
+
+// drain keeps a stepping-down leader's session alive and its lock checked
+// on the renew schedule while OnElected returns, so that the server-side
+// lease never frees the lock under a callback that is still running. It
+// returns nil when OnElected returned, errReleaseTimeout at releaseAt, or
+// the fault that lost the lock or the connection.
+func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
+	dctx, cancel := context.WithDeadline(context.Background(), releaseAt)
+	defer cancel()
+	go func() {
+		select {
+		case <-t.cbDone:
+			cancel()
+		case <-dctx.Done():
+		}
+	}()
+	for {
+		select {
+		case <-t.cbDone:
+			return nil
+		default:
+		}
+		werr := ls.WaitIdle(dctx, t.trust.nextRenew())
+		select {
+		case <-t.cbDone:
+			return nil
+		default:
+		}
+		switch {
+		case dctx.Err() != nil:
+			return errReleaseTimeout
+		case werr != nil:
+			return werr
+		}
+		if err := e.renew(t, ls, false); err != nil {
+			return err
+		}
+	}
+}
+
+// waitUntil waits for done until the deadline; it reports whether done
+// closed.
+func waitUntil(done chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+func (e *Elector) setLeaderIfSelf() {
+	if e.Leader() == e.cfg.Identity {
+		empty := ""
+		e.leaderID.Store(&empty)
+	}
+}
+
+// unlock releases the lock once. It fails when the lock was not held, which
+// would mean the session state is not what the elector believes.
+func (e *Elector) unlock(ls lease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	err := ls.Unlock(ctx, e.target)
+	if err != nil {
+		e.log.Warn("unlock failed; closing the connection to release the lock", zap.Error(err))
+	}
+	return err
+}
+
+// waitCallback waits for the last OnElected to return, logging an error
+// every ReleaseTimeout, and returns ctx's error when ctx ends first.
+func (e *Elector) waitCallback(ctx context.Context) error {
+	e.mu.Lock()
+	done := e.cbDone
+	e.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	for {
+		t := time.NewTimer(max(e.cfg.ReleaseTimeout, time.Second))
+		select {
+		case <-done:
+			t.Stop()
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+			e.log.Error("still waiting for a previous OnElected to return; it ignores its context")
+		}
+	}
+}

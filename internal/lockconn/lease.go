@@ -1,0 +1,200 @@
+package lockconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrTermBusy: the fencing term row is locked by an earlier leader's
+// transaction, so the next term could not be installed in this round trip
+// (the lock check in it succeeded).
+var ErrTermBusy = errors.New("pgleader: fencing term row busy")
+
+// Target is one advisory lock as a Lease campaigns for it: its tag and the
+// SQL of every step, built once. A Lease takes a Target per call, so one
+// session can hold many.
+type Target struct {
+	Tag
+	holderSQL, waitSQL, trySQL, checkSQL string
+	bumpSQL                              string // "" without fencing
+	bumpArgs                             []any
+}
+
+// NewTarget builds the Target of a key. With fencing, bumpSQL installs
+// the next term (its arguments: classid, objid, objsubid, keyName,
+// identity); "" without.
+func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
+	t := &Target{Tag: TagOf(k)}
+	t.holderSQL = t.HolderSQL()
+	t.waitSQL = t.AcquireSQL("pg_advisory_lock")
+	t.trySQL = t.AcquireSQL("pg_try_advisory_lock")
+	t.checkSQL = t.CheckSQL()
+	if bumpSQL != "" {
+		t.bumpSQL = bumpSQL
+		t.bumpArgs = []any{t.ClassID, t.ObjID, t.ObjSubID, keyName, identity}
+	}
+	return t
+}
+
+// Round is what one campaign round saw.
+type Round struct {
+	// Holder is the holder's application_name (or "pid N" when it has
+	// none) and HolderPID its backend pid, when another session held the
+	// lock at the start of the round.
+	Holder    string
+	HolderPID int32
+	// Free: nobody held the lock at the start of the round. (Neither Free
+	// nor a Holder: this session held it.)
+	Free bool
+	// Busy: the lock wait ended in lock_timeout (or the try found the lock
+	// held). A grant can race the timeout, so the lock may be held anyway:
+	// the next round tells.
+	Busy bool
+	// Already: this session's backend held the lock before the round.
+	Already bool
+	// Held: this session's backend holds the lock after the round.
+	Held bool
+}
+
+// Lease is one dedicated session that campaigns for, confirms, renews and
+// releases advisory locks. It owns its connection, the backend pid and the
+// session token. Its methods are not safe for concurrent use.
+type Lease struct {
+	conn *pgx.Conn
+	sess Session
+}
+
+// Open configures conn as a lock session (see Setup) and returns its Lease,
+// which then owns conn. On an error conn is left to the caller.
+func Open(ctx context.Context, conn *pgx.Conn, s Settings) (*Lease, error) {
+	sess, err := Setup(ctx, conn, s)
+	if err != nil {
+		return nil, err
+	}
+	return &Lease{conn: conn, sess: sess}, nil
+}
+
+// PID is the session's backend pid.
+func (l *Lease) PID() uint32 { return l.sess.PID }
+
+// Major is the server's major version.
+func (l *Lease) Major() int { return l.sess.Major }
+
+// Conn is the session's connection, for setup steps such as creating the
+// terms table. Never run anything on it while the Lease holds a lock.
+func (l *Lease) Conn() *pgx.Conn { return l.conn }
+
+// Campaign runs one campaign round in one pipelined round trip: it looks up
+// the holder, then takes the lock, waiting for at most the session's
+// lock_timeout (or, with try, not at all). The acquisition never stacks on
+// a lock the backend already holds and never takes one on a standby
+// (ErrStandby). A lock_timeout is not an error: it reads as Busy.
+func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error) {
+	b := &pgx.Batch{}
+	b.Queue(t.holderSQL)
+	sql := t.waitSQL
+	if try {
+		sql = t.trySQL
+	}
+	b.Queue(sql, t.Vals...)
+	br := l.conn.SendBatch(ctx, b)
+	defer br.Close()
+	var rd Round
+	var ownPid int32
+	switch err := br.QueryRow().Scan(&rd.Holder, &rd.HolderPID, &ownPid); {
+	case errors.Is(err, pgx.ErrNoRows):
+		rd.Free = true
+	case err != nil:
+		return rd, Pooling(err)
+	case rd.HolderPID == ownPid:
+		rd.Holder, rd.HolderPID = "", 0
+	case rd.Holder == "":
+		rd.Holder = fmt.Sprintf("pid %d", rd.HolderPID)
+	}
+	r, err := ScanAcquire(br.QueryRow())
+	if IsLockTimeout(err) {
+		br.Close() // returns the same lock timeout error
+		rd.Busy = true
+		return rd, nil
+	}
+	if err != nil {
+		return rd, Pooling(err)
+	}
+	if err := l.sess.Same(r.PID, r.Token); err != nil {
+		return rd, err
+	}
+	rd.Already, rd.Held, rd.Busy = r.Already, r.Held, !r.Held
+	return rd, br.Close()
+}
+
+// Adopt decides what a round that found the lock already held means. A
+// wait can end in lock_timeout at the very moment the lock is granted;
+// PostgreSQL then reports the timeout and the session keeps the lock. So
+// after a Busy round the lock is possibly held, and a round that finds it
+// held by this backend has won it. Without a Busy round before, this
+// backend holding the lock means another client shares the server
+// connection: ErrTransactionPooling.
+func Adopt(r Round, possiblyHeld bool, pid uint32) (won bool, err error) {
+	if r.Already && !possiblyHeld {
+		return false, fmt.Errorf("%w: this session's backend (pid %d) already held the lock before it was taken", ErrTransactionPooling, pid)
+	}
+	return r.Held, nil
+}
+
+// Confirm proves, right after the lock was granted, that this session's
+// own backend holds it (which also catches a transaction-pooling proxy:
+// ErrTransactionPooling), and with fencing installs the next term in the
+// same round trip. A term row locked by an earlier leader's transaction
+// gives ErrTermBusy; the caller may try again.
+func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) {
+	defer func() {
+		if errors.Is(err, ErrLockLost) {
+			err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", ErrTransactionPooling)
+		}
+	}()
+	if t.bumpSQL == "" {
+		return 0, l.Renew(ctx, t)
+	}
+	b := &pgx.Batch{}
+	b.Queue(t.checkSQL)
+	b.Queue(t.bumpSQL, t.bumpArgs...)
+	br := l.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
+		return 0, err
+	}
+	err = br.QueryRow().Scan(&term)
+	switch {
+	case IsLockTimeout(err):
+		br.Close()
+		return 0, ErrTermBusy
+	case err != nil:
+		return 0, err
+	}
+	return term, br.Close()
+}
+
+// Renew asks whether this session's backend holds the lock: nil when it
+// does. ctx's deadline is the trust window: past it the error is
+// ErrRenewDeadline.
+func (l *Lease) Renew(ctx context.Context, t *Target) error {
+	return CheckResult(l.conn.QueryRow(ctx, t.checkSQL, pgx.QueryExecModeExec), l.sess)
+}
+
+// WaitIdle reads the idle session until `until`; see the function WaitIdle.
+func (l *Lease) WaitIdle(ctx context.Context, until time.Time) error {
+	return WaitIdle(ctx, l.conn, until)
+}
+
+// Unlock releases the lock once; it fails (ErrLockLost) when the lock was
+// not held.
+func (l *Lease) Unlock(ctx context.Context, t *Target) error {
+	return Unlock(ctx, l.conn, t.Tag)
+}
+
+// Close ends the session, which frees every lock it holds.
+func (l *Lease) Close() { Close(l.conn) }

@@ -1,0 +1,429 @@
+// Package pgtemp starts throwaway PostgreSQL servers, for the CLI's demo
+// and bench, the examples and (through internal/testpg) the tests, and
+// injects the faults they need: terminated backends, fast and immediate
+// restarts, a streaming standby and its promotion, and a TCP proxy that
+// cuts or black-holes connections. It does not import testing.
+//
+// It uses the system's initdb and postgres binaries: $PGLEADER_PG_BINDIR,
+// then PATH, then /usr/lib/postgresql/*/bin (newest first). As root it runs
+// them as the postgres OS user, because initdb refuses to run as root.
+package pgtemp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// BinDirEnv names the environment variable that points at a directory holding
+// initdb and postgres.
+const BinDirEnv = "PGLEADER_PG_BINDIR"
+
+// HowToFix is appended to every start failure.
+const HowToFix = "install the PostgreSQL server binaries (Debian/Ubuntu: apt-get install -y postgresql) " +
+	"or set " + BinDirEnv + " to the directory holding initdb and postgres"
+
+// ErrNoServer is wrapped by every error that means no server could be started.
+var ErrNoServer = errors.New("pgtemp: cannot start a throwaway PostgreSQL")
+
+// Options tune a throwaway server. The zero value is fine.
+type Options struct {
+	// MaxConnections is max_connections (default 120).
+	MaxConnections int
+	// Settings are extra "name=value" server settings.
+	Settings []string
+	// Logf, when set, receives progress lines.
+	Logf func(format string, args ...any)
+}
+
+// Server is a throwaway PostgreSQL cluster listening on a loopback port.
+type Server struct {
+	opts    Options
+	bindir  string
+	dir     string // temp dir; holds data/, the socket and the log
+	port    int
+	cred    *syscall.Credential
+	version int // server_version_num
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// Restart modes, as in pg_ctl -m.
+const (
+	Fast      = "fast"      // SIGINT: roll back transactions, disconnect clients, checkpoint
+	Immediate = "immediate" // SIGQUIT: crash stop; the next start runs crash recovery
+)
+
+// New starts a throwaway server. Close stops it and removes its files.
+func New(opts Options) (*Server, error) {
+	if opts.MaxConnections == 0 {
+		opts.MaxConnections = 120
+	}
+	bindir, err := findBinDir()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, bindir: bindir}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("%w: running as root, and initdb refuses root, but there is no postgres OS user to run it as (%w); %s", ErrNoServer, err, HowToFix)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	if err := s.makeDir(); err != nil {
+		return nil, err
+	}
+	if err := s.init(); err != nil {
+		os.RemoveAll(s.dir)
+		return nil, err
+	}
+	return s, s.startOnFreePort()
+}
+
+func (s *Server) makeDir() (err error) {
+	if s.dir, err = os.MkdirTemp("", "pgleader-pg-"); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoServer, err)
+	}
+	if s.cred != nil {
+		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			os.RemoveAll(s.dir)
+			return fmt.Errorf("%w: chown %s: %w", ErrNoServer, s.dir, err)
+		}
+	}
+	return nil
+}
+
+func (s *Server) startOnFreePort() error {
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		if s.port, lastErr = freePort(); lastErr != nil {
+			continue
+		}
+		if lastErr = s.start(); lastErr == nil {
+			return nil
+		}
+	}
+	os.RemoveAll(s.dir)
+	return lastErr
+}
+
+// NewStandby makes a streaming-replication standby of s with pg_basebackup
+// and starts it on its own port. Promote turns it into a primary. Close it
+// before s.
+func (s *Server) NewStandby() (*Server, error) {
+	st := &Server{opts: s.opts, bindir: s.bindir, cred: s.cred}
+	if err := st.makeDir(); err != nil {
+		return nil, err
+	}
+	cmd := st.command("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "postgres",
+		"-D", filepath.Join(st.dir, "data"), "-R", "-X", "stream", "--no-sync")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(st.dir)
+		return nil, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
+	}
+	if err := st.startOnFreePort(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// Promote promotes a standby to a primary and waits until it accepts
+// writes.
+func (s *Server) Promote(ctx context.Context) error {
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok); err != nil || !ok {
+		return fmt.Errorf("pg_promote: %v (ok=%v)", err, ok)
+	}
+	return nil
+}
+
+func findBinDir() (string, error) {
+	has := func(dir string) bool {
+		for _, b := range []string{"initdb", "postgres"} {
+			if st, err := os.Stat(filepath.Join(dir, b)); err != nil || st.IsDir() {
+				return false
+			}
+		}
+		return true
+	}
+	if d := os.Getenv(BinDirEnv); d != "" {
+		if has(d) {
+			return d, nil
+		}
+		return "", fmt.Errorf("%w: %s=%s does not hold initdb and postgres; %s", ErrNoServer, BinDirEnv, d, HowToFix)
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
+			return filepath.Dir(real), nil
+		}
+		if has(filepath.Dir(p)) {
+			return filepath.Dir(p), nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if has(d) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no initdb and postgres found on PATH or in /usr/lib/postgresql/*/bin; %s", ErrNoServer, HowToFix)
+}
+
+func versionOf(bindir string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(bindir)), 64)
+	return v
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.opts.Logf != nil {
+		s.opts.Logf(format, args...)
+	}
+}
+
+func (s *Server) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(s.bindir, name), args...)
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	return cmd
+}
+
+func (s *Server) init() error {
+	cmd := s.command("initdb", "-D", filepath.Join(s.dir, "data"), "-U", "postgres",
+		"--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w: initdb failed: %w\n%s\n%s", ErrNoServer, err, strings.TrimSpace(string(out)), HowToFix)
+	}
+	// Members of the role PasswordRole log in with a password over TCP;
+	// everyone else is trusted. Tests of authentication failures use it.
+	hba := filepath.Join(s.dir, "data", "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNoServer, err)
+	}
+	b = append([]byte("host all +"+PasswordRole+" 127.0.0.1/32 scram-sha-256\n"), b...)
+	if err := os.WriteFile(hba, b, 0o600); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoServer, err)
+	}
+	s.logf("pgtemp: initdb done in %s", s.dir)
+	return nil
+}
+
+// PasswordRole names a group role that the throwaway server's pg_hba.conf
+// makes log in with a password over TCP (scram-sha-256); every other role
+// is trusted. A test creates it (NOLOGIN) and a LOGIN role IN ROLE it to
+// test authentication failures.
+const PasswordRole = "pgleader_password"
+
+func (s *Server) start() error {
+	logPath := filepath.Join(s.dir, "server.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNoServer, err)
+	}
+	defer logFile.Close()
+	args := []string{"-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories=" + s.dir,
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "max_connections=" + strconv.Itoa(s.opts.MaxConnections),
+		"-c", "shared_buffers=32MB",
+		"-c", "log_min_messages=warning", "-c", "log_line_prefix=%m [%p] %a: ",
+	}
+	for _, kv := range s.opts.Settings {
+		args = append(args, "-c", kv)
+	}
+	cmd := s.command("postgres", args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%w: start postgres: %w; %s", ErrNoServer, err, HowToFix)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := pgx.Connect(ctx, s.DSN())
+		if err == nil {
+			err = conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&s.version)
+			conn.Close(ctx)
+			cancel()
+			if err == nil {
+				s.logf("pgtemp: postgres %d ready on 127.0.0.1:%d", s.version, s.port)
+				return nil
+			}
+		}
+		cancel()
+		select {
+		case <-done:
+			return fmt.Errorf("%w: postgres exited at start:\n%s", ErrNoServer, s.LogTail(20))
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.signal(syscall.SIGKILL)
+			<-done
+			return fmt.Errorf("%w: postgres did not accept connections within 60s (last error: %w):\n%s", ErrNoServer, err, s.LogTail(20))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// LogTail returns the last n lines of the server log.
+func (s *Server) LogTail(n int) string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Port returns the server's TCP port on 127.0.0.1.
+func (s *Server) Port() int { return s.port }
+
+// Addr returns "127.0.0.1:port".
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// VersionNum returns server_version_num, e.g. 150018.
+func (s *Server) VersionNum() int { return s.version }
+
+// DSN returns a connection string for the superuser postgres.
+func (s *Server) DSN() string { return DSNFor(s.Addr()) }
+
+// DSNFor returns a connection string for the superuser postgres at addr
+// (host:port), for example a Proxy's address.
+func DSNFor(addr string) string {
+	return "postgres://postgres@" + addr + "/postgres?sslmode=disable&connect_timeout=10"
+}
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Signal(sig)
+	}
+}
+
+// Stop stops the server in the given mode (Fast or Immediate) and waits for
+// it to exit. Start it again with StartAgain.
+func (s *Server) Stop(mode string) error {
+	sig := syscall.SIGINT
+	if mode == Immediate {
+		sig = syscall.SIGQUIT
+	}
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	s.signal(sig)
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		s.signal(syscall.SIGKILL)
+		<-done
+	}
+	s.mu.Lock()
+	s.cmd, s.done = nil, nil
+	s.mu.Unlock()
+	return nil
+}
+
+// StartAgain starts a stopped server on the same port and data directory,
+// and returns once it accepts connections.
+func (s *Server) StartAgain() error { return s.start() }
+
+// Restart stops the server in the given mode and starts it again. It
+// returns once the server accepts connections.
+func (s *Server) Restart(mode string) error {
+	if err := s.Stop(mode); err != nil {
+		return err
+	}
+	return s.start()
+}
+
+// Close stops the server and removes its files.
+func (s *Server) Close() {
+	s.Stop(Fast)
+	os.RemoveAll(s.dir)
+}
+
+// Connect opens a superuser connection to the server.
+func (s *Server) Connect(ctx context.Context) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, s.DSN())
+}
+
+// Exec runs one statement on a fresh superuser connection.
+func (s *Server) Exec(ctx context.Context, sql string, args ...any) error {
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql, args...)
+	return err
+}
+
+// QueryInt runs a query that returns one integer, on a fresh superuser
+// connection.
+func (s *Server) QueryInt(ctx context.Context, sql string, args ...any) (int64, error) {
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	var n int64
+	err = conn.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}
+
+// TerminateBackend runs pg_terminate_backend on every session whose
+// application_name is appName, waits until they are gone, and returns how
+// many there were.
+func (s *Server) TerminateBackend(ctx context.Context, appName string) (int, error) {
+	q := `SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
+	if s.version < 140000 {
+		q = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
+	}
+	n, err := s.QueryInt(ctx, q, appName)
+	return int(n), err
+}

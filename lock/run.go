@@ -1,0 +1,190 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Options tune TryRun. The zero value is fine.
+type Options struct {
+	// Identity is the lock session's application_name, which leader.Holder and
+	// the CLI's status show. Default leader.DefaultIdentity().
+	Identity string
+	// Wait is how long to wait for a held lock. Zero: skip at once.
+	Wait time.Duration
+	// CheckInterval is how often the session checks, while fn runs, that it
+	// still holds the lock. Default 1s.
+	CheckInterval time.Duration
+	// LeaseDuration is the server-side lease (idle_session_timeout,
+	// PostgreSQL 14+): a paused or partitioned process loses the lock this
+	// long after its last check. fn's context is cancelled when no check
+	// has succeeded for half of it. Default 6s; it must exceed
+	// 2 x CheckInterval.
+	LeaseDuration time.Duration
+	// Observer receives the lock wait.
+	Observer leader.Observer
+}
+
+// TryRun runs fn once while holding key, on a dedicated connection from c,
+// if the lock is free (or becomes free within opts.Wait). When another
+// session holds it, TryRun does not run fn and returns a *HeldError
+// (errors.Is ErrHeld) naming the holder: the "cron job on every replica,
+// run once" pattern.
+//
+// While fn runs, the session checks that its backend still holds the lock
+// and watches its socket; when the lock or the connection is lost, fn's
+// context is cancelled with the reason as its cause, and TryRun returns an
+// error wrapping it (with fn's own error, if any). The lock is released when
+// fn returns, fails or panics; a panic is re-raised after the release.
+// TryRun returns fn's error otherwise, and leader.ErrTransactionPooling when the
+// connection turns out to be behind a transaction-pooling proxy.
+func TryRun(ctx context.Context, c leader.Connector, key leader.Key, opts Options, fn func(ctx context.Context) error) (err error) {
+	if opts.Identity == "" {
+		opts.Identity = leader.DefaultIdentity()
+	}
+	if opts.CheckInterval == 0 {
+		opts.CheckInterval = time.Second
+	}
+	if opts.LeaseDuration == 0 {
+		opts.LeaseDuration = 6 * time.Second
+	}
+	if opts.Observer == nil {
+		opts.Observer = leader.NopObserver{}
+	}
+	switch {
+	case !key.Valid():
+		return errors.New("pgleader: TryRun: invalid key")
+	case fn == nil:
+		return errors.New("pgleader: TryRun: nil fn")
+	case opts.CheckInterval < time.Millisecond || opts.LeaseDuration <= 2*opts.CheckInterval:
+		return fmt.Errorf("pgleader: TryRun: need CheckInterval >= 1ms and LeaseDuration > 2 x CheckInterval, got %s and %s", opts.CheckInterval, opts.LeaseDuration)
+	case opts.Wait < 0:
+		return fmt.Errorf("pgleader: TryRun: Wait must not be negative, got %s", opts.Wait)
+	}
+	if err := leader.ConnectorError(c); err != nil {
+		return err
+	}
+	ls, err := openLease(ctx, c, lockconn.Settings{
+		Identity: opts.Identity, LockTimeout: max(opts.Wait, time.Millisecond),
+		Lease: opts.LeaseDuration, KeepIdle: opts.LeaseDuration / 2,
+	})
+	if err != nil {
+		return fmt.Errorf("pgleader: TryRun: %w", err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(key, "", "", "")
+	start := time.Now()
+	held, err := acquire(ctx, ls, target, opts.Wait > 0)
+	if err != nil {
+		return fmt.Errorf("pgleader: TryRun: %w", err)
+	}
+	opts.Observer.LockWaited(key, time.Since(start), held)
+	if !held {
+		he := &HeldError{Key: key}
+		if h, herr := leader.Holder(ctx, ls.Conn(), key); herr == nil {
+			he.Holder = h.Holder
+		}
+		return he
+	}
+	deadline := opts.LeaseDuration / 2
+	sent := time.Now()
+	cctx, cancel := context.WithDeadline(context.Background(), sent.Add(deadline))
+	_, err = ls.Confirm(cctx, target)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("pgleader: TryRun: %w", err)
+	}
+	return runHolding(ctx, ls, target, sent, opts.CheckInterval, deadline, fn)
+}
+
+// openLease connects with c and sets the session up as a lock session.
+func openLease(ctx context.Context, c leader.Connector, s lockconn.Settings) (*lockconn.Lease, error) {
+	conn, err := c.Connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	ls, err := lockconn.Open(ctx, conn, s)
+	if err != nil {
+		lockconn.Close(conn)
+		return nil, fmt.Errorf("session setup: %w", err)
+	}
+	return ls, nil
+}
+
+// acquire takes the lock in one campaign round: a wait bounded by the
+// session's lock_timeout, or a try. A wait that ended in lock_timeout may
+// have raced the grant, so one more round (a try) settles it, adopting a
+// lock the session turns out to hold (lockconn.Adopt), as the elector does.
+func acquire(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, wait bool) (bool, error) {
+	r, err := ls.Campaign(ctx, t, !wait)
+	if err != nil {
+		return false, err
+	}
+	possiblyHeld := false
+	if r.Busy && wait {
+		possiblyHeld = true
+		if r, err = ls.Campaign(ctx, t, true); err != nil {
+			return false, err
+		}
+	}
+	return lockconn.Adopt(r, possiblyHeld, ls.PID())
+}
+
+// runHolding runs fn while checking the lock, then releases it.
+func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, lastOK time.Time,
+	interval, deadline time.Duration, fn func(ctx context.Context) error) error {
+	fnCtx, cancelFn := context.WithCancelCause(ctx)
+	defer cancelFn(nil)
+	fnDone, stopWatch := context.WithCancel(context.Background())
+	var fnErr error
+	var panicked any
+	go func() {
+		defer stopWatch()
+		defer func() { panicked = recover() }()
+		fnErr = fn(fnCtx)
+	}()
+	var lost error
+	for lost == nil {
+		werr := ls.WaitIdle(fnDone, lastOK.Add(interval))
+		if fnDone.Err() != nil {
+			break
+		}
+		if werr != nil {
+			lost = werr
+			break
+		}
+		sent := time.Now()
+		cctx, cancel := context.WithDeadline(context.Background(), lastOK.Add(deadline))
+		lost = ls.Renew(cctx, t)
+		cancel()
+		if lost == nil {
+			lastOK = sent
+		}
+	}
+	if lost != nil {
+		cancelFn(lost)
+		ls.Close() // the lock is gone or in doubt
+		<-fnDone.Done()
+	} else {
+		uctx, cancel := context.WithTimeout(context.Background(), deadline)
+		if ls.Unlock(uctx, t) != nil {
+			ls.Close()
+		}
+		cancel()
+	}
+	if panicked != nil {
+		panic(panicked)
+	}
+	if lost != nil {
+		if fnErr != nil && !errors.Is(fnErr, context.Canceled) {
+			return errors.Join(fmt.Errorf("pgleader: TryRun: lock lost while fn ran: %w", lost), fnErr)
+		}
+		return fmt.Errorf("pgleader: TryRun: lock lost while fn ran: %w", lost)
+	}
+	return fnErr
+}
