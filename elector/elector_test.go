@@ -281,11 +281,7 @@ func TestBlackholeDemotesBeforeTakeover(t *testing.T) {
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	key := testKey(t)
-	proxy, err := testpg.NewProxy(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := newProxy(t, srv)
 	stepDown := make(chan time.Time, 1)
 	a := start(t, r, opts{dsn: proxy.DSN(), key: key, id: "bh-leader", onLead: func(ctx context.Context, l leader.Leadership) {
 		<-ctx.Done()

@@ -119,3 +119,14 @@ func waitWrites(t *testing.T, srv *testpg.Server, key leader.Key, term int64) {
 		return err == nil && n > 0, fmt.Sprint(err)
 	})
 }
+
+// newProxy starts a fault proxy in front of srv, closed at cleanup.
+func newProxy(t testing.TB, srv *testpg.Server) *testpg.Proxy {
+	t.Helper()
+	p, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}

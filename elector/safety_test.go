@@ -237,11 +237,7 @@ func TestFollowerBehindSilentProxyReconnects(t *testing.T) {
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	key := testKey(t)
-	proxy, err := testpg.NewProxy(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := newProxy(t, srv)
 	lead := start(t, r, opts{dsn: srv.DSN(), key: key, id: "direct-leader"})
 	r.next("elected", "direct-leader")
 	obs := newErrObserver()

@@ -71,10 +71,4 @@ func ExampleLeadership_Fence() {
 	// old leader after a new election, fenced: true
 }
 
-func exampleDSN() string {
-	srv, err := shared.Start()
-	if err != nil {
-		panic(err)
-	}
-	return srv.DSN()
-}
+func exampleDSN() string { return shared.DSN() }

@@ -1,7 +1,6 @@
 package leader_test
 
 import (
-	"context"
 	"os"
 	"testing"
 
@@ -13,14 +12,6 @@ var shared testpg.Shared
 
 func server(t testing.TB) *testpg.Server { return shared.Get(t) }
 
-func conn(t testing.TB) *pgx.Conn {
-	t.Helper()
-	c, err := server(t).Connect(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	return c
-}
+func conn(t testing.TB) *pgx.Conn { return shared.Conn(t) }
 
 func TestMain(m *testing.M) { os.Exit(testpg.Main(m, nil, &shared)) }

@@ -11,13 +11,7 @@ import (
 	"github.com/pgleader/pgleader/lock"
 )
 
-func exampleDSN() string {
-	srv, err := shared.Start()
-	if err != nil {
-		panic(err)
-	}
-	return srv.DSN()
-}
+func exampleDSN() string { return shared.DSN() }
 
 // Run a job on exactly one replica: every replica calls TryRun, one runs
 // it, the others learn who holds it.

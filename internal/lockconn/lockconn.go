@@ -1,7 +1,14 @@
-// Package lockconn is the low layer under the leader and elector packages:
-// it configures a dedicated session for holding an advisory lock, checks in
-// pg_locks that the session's own backend holds it, and watches the idle
-// socket between checks.
+// Package lockconn is the wire layer under the elector and lock packages.
+// A Lease is one dedicated session: Open configures it in one round trip
+// (application_name, lock_timeout, the server-side lease, keepalives, a
+// session token, the standby check); Campaign runs a round (holder lookup
+// and guarded acquisition, pipelined); Adopt decides a grant that raced its
+// timeout; Confirm proves the grant and installs a fencing term; Renew
+// checks pg_locks for the session's own backend; WaitIdle reads the idle
+// socket; Unlock releases. Target holds a key's SQL, built once; a Lease
+// takes one per call, so one session can serve many keys. The SQLSTATE
+// predicates (IsLockTimeout, Pooling) live here too. It imports nothing else
+// of the module.
 package lockconn
 
 import (

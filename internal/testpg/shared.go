@@ -33,6 +33,27 @@ func (s *Shared) Get(t testing.TB) *Server {
 	return srv
 }
 
+// Conn opens a connection to the shared server, closed at t's cleanup.
+func (s *Shared) Conn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	c, err := s.Get(t).Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// DSN is the shared server's connection string, for Example functions
+// (which have no testing.TB); it panics when no server can start.
+func (s *Shared) DSN() string {
+	srv, err := s.Start()
+	if err != nil {
+		panic(err)
+	}
+	return srv.DSN()
+}
+
 // Start is Get for code without a testing.TB (examples).
 func (s *Shared) Start() (*Server, error) {
 	s.once.Do(func() { s.srv, s.err = New(Options{}) })
