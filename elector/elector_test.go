@@ -291,7 +291,7 @@ func TestBlackholeDemotesBeforeTakeover(t *testing.T) {
 	start(t, r, opts{dsn: srv.DSN(), key: key, id: "bh-follower"})
 	proxy.Blackhole()
 	cut := time.Now()
-	stepped := <-stepDown
+	stepped := recv(t, stepDown, "the step-down")
 	if a.e.IsLeader() {
 		t.Fatal("IsLeader still true after the OnElected context was cancelled")
 	}
@@ -369,10 +369,11 @@ func TestReleaseTimeoutBoundsResign(t *testing.T) {
 	key := testKey(t)
 	const release = 700 * time.Millisecond
 	unblock := make(chan struct{})
+	r.stubborn["stubborn"] = true
 	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "stubborn", release: release,
 		onLead: func(ctx context.Context, l leader.Leadership) { <-unblock }})
 	r.next("elected", "stubborn")
-	start(t, r, opts{dsn: srv.DSN(), key: key, id: "patient"})
+	b := start(t, r, opts{dsn: srv.DSN(), key: key, id: "patient"})
 	began := time.Now()
 	if err := a.e.Resign(context.Background()); err != nil {
 		t.Fatal(err)
@@ -381,7 +382,20 @@ func TestReleaseTimeoutBoundsResign(t *testing.T) {
 	if took := e.at.Sub(began); took < release {
 		t.Fatalf("new leader %s after Resign, before ReleaseTimeout %s", took, release)
 	}
+	// The lock is free again, but the stubborn elector's old OnElected still
+	// runs: it must not campaign, let alone lead, until that returns. Give a
+	// bug ten renew intervals to show.
+	before := r.count("elected", "stubborn")
+	b.stop()
+	time.Sleep(10 * tInterval) // a window for the bug, not a synchronisation
+	if r.count("elected", "stubborn") > before {
+		t.Fatal("elected again while its previous OnElected still ran")
+	}
+	released := time.Now()
 	close(unblock)
+	if again := r.next("elected", "stubborn"); again.at.Before(released) {
+		t.Fatal("elected again before its previous OnElected returned")
+	}
 }
 
 // A callback that honours its context holds the lock until it returns.
@@ -404,7 +418,7 @@ func TestResignWaitsForCallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := r.next("elected", "next")
-	if ret := <-returned; !e.at.After(ret) {
+	if ret := recv(t, returned, "the callback's return"); !e.at.After(ret) {
 		t.Fatalf("new leader at %s before the old callback returned at %s", e.at, ret)
 	}
 }

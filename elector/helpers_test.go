@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/health"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -129,4 +131,23 @@ func newProxy(t testing.TB, srv *testpg.Server) *testpg.Proxy {
 	}
 	t.Cleanup(p.Close)
 	return p
+}
+
+// recv receives from ch, failing the test with what when nothing comes
+// within waitLong: no test waits without a bound.
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitLong):
+		t.Fatalf("no %s within %s", what, waitLong)
+		var zero T
+		return zero
+	}
+}
+
+// readyProbe is leader-only readiness for e, as health serves it.
+func readyProbe(e *elector.Elector) func() error {
+	return health.NewChecker(e, health.Options{LeaderOnly: true}).Ready
 }

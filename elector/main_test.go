@@ -37,7 +37,7 @@ const (
 )
 
 type event struct {
-	kind   string // elected, demoted, newleader
+	kind   string // elected, returned (OnElected returned), demoted, newleader
 	id     string // the elector's identity
 	leader string // for newleader
 	reason error
@@ -53,10 +53,13 @@ type recorder struct {
 	events  []event
 	changed chan struct{} // closed and replaced on every add
 	cursor  map[string]int
+	// stubborn names electors whose OnElected may outlive ReleaseTimeout,
+	// so that their OnDemoted may come before it returns.
+	stubborn map[string]bool
 }
 
 func newRecorder(t testing.TB) *recorder {
-	r := &recorder{t: t, changed: make(chan struct{}), cursor: map[string]int{}}
+	r := &recorder{t: t, changed: make(chan struct{}), cursor: map[string]int{}, stubborn: map[string]bool{}}
 	t.Cleanup(r.checkPairs)
 	return r
 }
@@ -70,22 +73,33 @@ func (r *recorder) add(e event) {
 	r.mu.Unlock()
 }
 
-// checkPairs asserts that per elector the callbacks alternate elected,
-// demoted, elected, ... and that each tenure ended.
+// checkPairs asserts the callback contract per elector: OnElected and
+// OnDemoted alternate, each tenure ends, OnDemoted comes after OnElected
+// returned (unless the elector is stubborn: then ReleaseTimeout may pass
+// first), and a new OnElected never starts while the previous one still
+// runs.
 func (r *recorder) checkPairs() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	open := map[string]bool{}
+	open, running := map[string]bool{}, map[string]bool{}
 	for _, e := range r.events {
 		switch e.kind {
 		case "elected":
 			if open[e.id] {
 				r.t.Errorf("%s: OnElected twice without OnDemoted", e.id)
 			}
-			open[e.id] = true
+			if running[e.id] {
+				r.t.Errorf("%s: OnElected started while the previous one still ran", e.id)
+			}
+			open[e.id], running[e.id] = true, true
+		case "returned":
+			running[e.id] = false
 		case "demoted":
 			if !open[e.id] {
 				r.t.Errorf("%s: OnDemoted without OnElected", e.id)
+			}
+			if running[e.id] && !r.stubborn[e.id] {
+				r.t.Errorf("%s: OnDemoted before OnElected returned", e.id)
 			}
 			open[e.id] = false
 		}
@@ -95,6 +109,19 @@ func (r *recorder) checkPairs() {
 			r.t.Errorf("%s: OnElected never followed by OnDemoted", id)
 		}
 	}
+}
+
+// count counts the events of kind by id so far.
+func (r *recorder) count(kind, id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e.kind == kind && e.id == id {
+			n++
+		}
+	}
+	return n
 }
 
 // next returns the next event of kind (of any elector when id is ""),
@@ -165,6 +192,7 @@ func startWith(t testing.TB, r *recorder, o opts, edit func(*elector.Config)) *r
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				r.add(event{kind: "elected", id: l.Identity, term: l.Term})
 				onLead(ctx, l)
+				r.add(event{kind: "returned", id: l.Identity, term: l.Term})
 			},
 			OnDemoted: func(l leader.Leadership, reason error) {
 				r.add(event{kind: "demoted", id: l.Identity, reason: reason})

@@ -33,7 +33,7 @@ func TestElectorBehindPgBouncer(t *testing.T) {
 		aDone := make(chan error, 1)
 		go func() { aDone <- a.Run(actx) }()
 		defer acancel()
-		<-aElected
+		recv(t, aElected, "a's election")
 		e, err := elector.New(elector.Config{
 			Connect: elector.DSN(bouncer.DSN()), Key: key, Identity: "pgb-b",
 			RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease,

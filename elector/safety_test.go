@@ -49,7 +49,7 @@ func TestDrainLongerThanLeaseKeepsLock(t *testing.T) {
 			}
 			d := r.next("demoted", "drainer")
 			e := r.next("elected", "heir")
-			ret := <-returned
+			ret := recv(t, returned, "the drainer's return")
 			if !e.at.After(ret) {
 				t.Fatalf("heir elected %s before the drainer's OnElected returned", ret.Sub(e.at))
 			}
@@ -87,7 +87,7 @@ func TestResignFromInsideOnElected(t *testing.T) {
 			res <- result{err, took, time.Now()}
 		}})
 	el <- a.e
-	got := <-res
+	got := recv(t, res, "the self-resigning callback")
 	if got.err != nil || got.took > time.Second {
 		t.Fatalf("Resign from OnElected: %v after %s; want nil at once", got.err, got.took)
 	}

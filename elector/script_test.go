@@ -23,6 +23,7 @@ type scriptLease struct {
 	mu        sync.Mutex
 	campaigns []step
 	confirms  []step
+	renews    []error
 	calls     []string
 }
 
@@ -89,7 +90,14 @@ func (s *scriptLease) Confirm(ctx context.Context, t *lockconn.Target) (int64, e
 
 func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
 	s.record("renew")
-	return nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.renews) == 0 {
+		return nil
+	}
+	err := s.renews[0]
+	s.renews = s.renews[1:]
+	return err
 }
 
 func (s *scriptLease) WaitIdle(ctx context.Context, until time.Time) error {

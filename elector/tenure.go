@@ -77,17 +77,18 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, camp
 	e.mu.Lock()
 	e.tenure, e.cbDone = t, t.cbDone
 	e.mu.Unlock()
-	// Leader() reads this elector's identity inside OnElected; OnNewLeader
-	// itself runs on its own goroutine, so nothing of the user's runs here.
+	// Status() and Leader() describe the tenure inside OnElected;
+	// OnNewLeader itself runs on its own goroutine, so nothing of the
+	// user's runs here.
+	e.note(func(st *Status) {
+		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
+	})
 	e.setLeader(c.Identity)
 	go func() {
 		defer close(t.cbDone)
 		defer cancel(leader.ErrCallbackReturned)
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
-	e.note(func(st *Status) {
-		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
-	})
 	t.log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(campaignSent)))
 	e.obs.Elected(l)
 	return t

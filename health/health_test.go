@@ -294,8 +294,14 @@ func TestMetrics(t *testing.T) {
 	el := map[string]string{"election": "metrics-test"}
 	a := startNode(t, elector.DSN(s.DSN()), key, "met-a", m, health.Options{})
 	wait(t, a.elected, "a elected")
-	if v := metricValue(t, reg, "pgleader_is_leader", el); v != 1 {
-		t.Fatalf("is_leader %v", v)
+	// The Observer hears of the election just after OnElected has started
+	// (nothing of the user's runs before OnElected).
+	deadline := time.Now().Add(waitLong)
+	for metricValue(t, reg, "pgleader_is_leader", el) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("is_leader %v", metricValue(t, reg, "pgleader_is_leader", el))
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if v := metricValue(t, reg, "leader_election_master_status", map[string]string{"name": "metrics-test"}); v != 1 {
 		t.Fatalf("master_status %v", v)
@@ -306,7 +312,6 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, reg, "pgleader_acquire_wait_seconds", el); v != 1 {
 		t.Fatalf("acquire_wait count %v", v)
 	}
-	deadline := time.Now().Add(waitLong)
 	for metricValue(t, reg, "pgleader_renew_duration_seconds", el) < 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("no renew observed")
@@ -327,6 +332,9 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(t, a.elected, "a elected after the kill")
+	for metricValue(t, reg, "pgleader_elections_total", el) != 3 && time.Now().Before(deadline.Add(waitLong)) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": "connection_lost"}); v != 1 {
 		t.Fatalf("demotions{connection_lost} %v", v)
 	}

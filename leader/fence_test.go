@@ -66,8 +66,13 @@ func TestFenceOrdersAgainstNewTerm(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatalf("old leader's commit before the new term: %v", err)
 	}
-	if err := <-bumped; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-bumped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the term update never finished")
 	}
 
 	// Now the old term is fenced, with a typed error.

@@ -39,7 +39,7 @@ func TestTryRunBehindPgBouncer(t *testing.T) {
 			err := lock.TryRun(context.Background(), leader.DSN(bouncer.DSN()), key, lock.Options{Identity: "second"},
 				func(ctx context.Context) error { ran = true; return nil })
 			close(release)
-			<-first
+			waitFor(t, first, "the first runner")
 			if ran {
 				t.Fatal("the second runner ran while the first held the lock")
 			}

@@ -206,7 +206,7 @@ func TestTryRunCancelsOnConnectionLoss(t *testing.T) {
 				return ctx.Err()
 			})
 	}()
-	<-started
+	waitFor(t, started, "fn")
 	if n, err := s.TerminateBackend(context.Background(), "doomed-job"); err != nil || n != 1 {
 		t.Fatalf("terminate: %d %v", n, err)
 	}
@@ -234,7 +234,7 @@ func TestTryRunWait(t *testing.T) {
 			return nil
 		})
 	}()
-	<-holding
+	waitFor(t, holding, "the first runner")
 	if err := lock.TryRun(context.Background(), leader.DSN(dsn), key, lock.Options{Wait: 50 * time.Millisecond},
 		func(context.Context) error { return nil }); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("short wait: want ErrLockHeld, got %v", err)
@@ -244,10 +244,73 @@ func TestTryRunWait(t *testing.T) {
 		second <- lock.TryRun(context.Background(), leader.DSN(dsn), key, lock.Options{Wait: waitLong}, func(context.Context) error { return nil })
 	}()
 	close(release)
-	if err := <-first; err != nil {
+	if err := waitFor(t, first, "the first runner"); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-second; err != nil {
+	if err := waitFor(t, second, "the second runner"); err != nil {
 		t.Fatalf("waiting runner: %v", err)
+	}
+}
+
+// TryRun's trust window is half its lease: behind a black hole, fn's
+// context ends about LeaseDuration/2 after the last good check, well
+// before the server frees the lock (LeaseDuration), so a second runner
+// never starts while the first still believes it holds the lock.
+func TestTryRunBlackholedStopsBeforeTheLease(t *testing.T) {
+	srv := server(t)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	key := leader.KeyFromName(t.Name())
+	const lease = 3 * time.Second
+	started, cancelled := make(chan struct{}), make(chan time.Time, 1)
+	first := make(chan error, 1)
+	go func() {
+		first <- lock.TryRun(context.Background(), leader.DSN(proxy.DSN()), key,
+			lock.Options{Identity: "holed-runner", CheckInterval: 100 * time.Millisecond, LeaseDuration: lease},
+			func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done()
+				cancelled <- time.Now()
+				return nil
+			})
+	}()
+	waitFor(t, started, "the first runner's fn")
+	holed := time.Now()
+	proxy.Blackhole()
+	secondRan := make(chan time.Time, 1)
+	second := make(chan error, 1)
+	go func() {
+		second <- lock.TryRun(context.Background(), leader.DSN(srv.DSN()), key, lock.Options{Identity: "second-runner", Wait: 30 * time.Second},
+			func(ctx context.Context) error { secondRan <- time.Now(); return nil })
+	}()
+	stop := waitFor(t, cancelled, "the first runner's cancellation")
+	if took := stop.Sub(holed); took > lease/2+400*time.Millisecond {
+		t.Fatalf("fn's context ended %s after the path went silent; its trust window is LeaseDuration/2 = %s", took, lease/2)
+	}
+	if ran := waitFor(t, secondRan, "the second runner"); !ran.After(stop) {
+		t.Fatalf("the second runner started %s before the first one's fn was cancelled", stop.Sub(ran))
+	}
+	if err := waitFor(t, first, "the first TryRun"); !errors.Is(err, leader.ErrRenewDeadline) && !errors.Is(err, leader.ErrConnectionLost) {
+		t.Fatalf("first TryRun: %v, want the lost lock", err)
+	}
+	if err := waitFor(t, second, "the second TryRun"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Heal()
+}
+
+// waitFor receives from ch within a minute, or fails the test.
+func waitFor[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("no %s within a minute", what)
+		var zero T
+		return zero
 	}
 }

@@ -34,12 +34,16 @@ func Tx(ctx context.Context, tx pgx.Tx, key leader.Key) error {
 	if remaining <= 0 {
 		return context.DeadlineExceeded
 	}
+	// The server's lock_timeout ends the wait a little before the
+	// client's deadline would, so that a timeout reads as ErrHeld on a
+	// healthy connection rather than as a cancelled, closed one.
+	wait := max(time.Millisecond, remaining-min(100*time.Millisecond, remaining/4))
 	t := lockconn.TagOf(key)
 	b := &pgx.Batch{}
 	b.Queue(`SELECT set_config('pgleader.saved_lock_timeout', current_setting('lock_timeout'), true),`+
 		`set_config('pgleader.saved_statement_timeout', current_setting('statement_timeout'), true),`+
 		`set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)`,
-		strconv.FormatInt(max(1, remaining.Milliseconds()), 10))
+		strconv.FormatInt(max(1, wait.Milliseconds()), 10))
 	var standby, locked bool
 	b.Queue(`SELECT r, CASE WHEN r THEN false ELSE (SELECT true FROM pg_advisory_xact_lock(`+t.Args+`)) END FROM pg_is_in_recovery() r`, t.Vals...).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&standby, &locked) })
@@ -47,7 +51,7 @@ func Tx(ctx context.Context, tx pgx.Tx, key leader.Key) error {
 		`set_config('statement_timeout', current_setting('pgleader.saved_statement_timeout'), true)`)
 	err := tx.SendBatch(ctx, b).Close()
 	if lockconn.IsLockTimeout(err) {
-		return fmt.Errorf("%w: waited %s for %s: %w", ErrHeld, remaining.Round(time.Millisecond), key, err)
+		return fmt.Errorf("%w: waited %s for %s: %w", ErrHeld, wait.Round(time.Millisecond), key, err)
 	}
 	if err == nil && standby {
 		return fmt.Errorf("%w: lock.Tx took nothing", leader.ErrStandby)

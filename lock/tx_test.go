@@ -172,14 +172,14 @@ func TestRunTxIdempotency(t *testing.T) {
 		_, err := handle(func() { close(inFirst); <-release })
 		first <- err
 	}()
-	<-inFirst
+	waitFor(t, inFirst, "the first transaction")
 	for i := 0; i < 3; i++ {
 		if _, err := handle(func() {}); !errors.Is(err, lock.ErrInProgress) {
 			t.Fatalf("concurrent duplicate: want ErrInProgress, got %v", err)
 		}
 	}
 	close(release)
-	if err := <-first; err != nil {
+	if err := waitFor(t, first, "the first transaction"); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := handle(func() {}); err != nil || out != "duplicate" {

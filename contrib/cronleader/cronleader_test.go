@@ -49,7 +49,12 @@ func TestOnlyLeader(t *testing.T) {
 		cancel()
 		wg.Wait()
 	}()
-	lead := <-elected
+	var lead string
+	select {
+	case lead = <-elected:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no leader within 30s")
+	}
 	follower := map[string]string{"a": "b", "b": "a"}[lead]
 	deadline := time.Now().Add(30 * time.Second)
 	for runs[lead].Load() < 2 {

@@ -66,14 +66,24 @@ func TestEachTickRunsOnce(t *testing.T) {
 		cancel()
 		wg.Wait()
 	}()
-	first := <-elected
+	var first string
+	select {
+	case first = <-elected:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no first leader within 30s")
+	}
 	time.Sleep(2500 * time.Millisecond) // ticks under the first leader
 	// Hand over in the middle of a second, away from the ticks.
 	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1500 * time.Millisecond)))
 	if err := els[first].Resign(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	second := <-elected
+	var second string
+	select {
+	case second = <-elected:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no second leader within 30s")
+	}
 	time.Sleep(2500 * time.Millisecond) // ticks under the second leader
 	mu.Lock()
 	defer mu.Unlock()

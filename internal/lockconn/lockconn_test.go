@@ -153,3 +153,54 @@ func TestSessionResets(t *testing.T) {
 		lockconn.Close(conn)
 	}
 }
+
+// The renew check matches the whole lock tag and the session's own
+// backend: a second advisory lock on the same session that shares objid but
+// not classid or objsubid does not count, and neither does the same lock
+// held by another session.
+func TestRenewMatchesWholeTagAndOwnBackend(t *testing.T) {
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "tag-test", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	key := leader.Int64Key(7<<32 | 12345) // classid 7, objid 12345, objsubid 1
+	target := lockconn.NewTarget(key, "", "", "")
+	r, err := ls.Campaign(ctx, target, true)
+	if err != nil || !r.Held {
+		t.Fatalf("take the key: %+v %v", r, err)
+	}
+	// Neighbours on the same session, each sharing objid 12345.
+	for _, sql := range []string{
+		"SELECT pg_advisory_lock(8::bigint << 32 | 12345)", // classid 8, objsubid 1
+		"SELECT pg_advisory_lock(7, 12345)",                // classid 7, objsubid 2
+	} {
+		if _, err := ls.Conn().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ls.Renew(ctx, target); err != nil {
+		t.Fatalf("renew while holding the key: %v", err)
+	}
+	if err := ls.Unlock(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("renew after unlocking the key, with neighbours sharing objid held: %v, want ErrLockLost", err)
+	}
+
+	// Another session takes the key: it is held, but not by this backend.
+	other, sess := session(t, "other-holder", time.Second)
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1::bigint)", int64(7<<32|12345)); err != nil {
+		t.Fatal(err)
+	}
+	_ = sess
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("renew while another backend holds the key: %v, want ErrLockLost", err)
+	}
+}

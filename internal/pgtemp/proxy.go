@@ -4,6 +4,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Proxy is a loopback TCP proxy in front of a server. It injects network
@@ -17,6 +18,9 @@ type Proxy struct {
 	// Counters of forwarded traffic: bytes and reads (about one per
 	// message batch) from client to server and back.
 	BytesUp, BytesDown, ReadsUp, ReadsDown atomic.Int64
+
+	// replyDelay (ns) holds back every chunk from the server this long.
+	replyDelay atomic.Int64
 
 	mu        sync.Mutex
 	pairs     map[*pair]struct{}
@@ -100,6 +104,9 @@ func (p *Proxy) pipe(pr *pair, src, dst net.Conn, bytes, reads *atomic.Int64) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if d := time.Duration(p.replyDelay.Load()); n > 0 && d > 0 && src == pr.server {
+			time.Sleep(d)
+		}
 		if n > 0 && !pr.isHoled() {
 			bytes.Add(int64(n))
 			reads.Add(1)
@@ -116,6 +123,11 @@ func (p *Proxy) pipe(pr *pair, src, dst net.Conn, bytes, reads *atomic.Int64) {
 		}
 	}
 }
+
+// DelayReplies holds back everything the server sends, on every
+// connection, by d before passing it on (0 ends it): a slow path on which a
+// reply arrives well after its request was sent.
+func (p *Proxy) DelayReplies(d time.Duration) { p.replyDelay.Store(int64(d)) }
 
 func (p *Proxy) forget(pr *pair) {
 	p.mu.Lock()

@@ -1,0 +1,277 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Tests of the timing contract that a loopback server hides: they slow or
+// cut the path at chosen moments.
+
+// renewTrap black-holes a proxy right after the first successful renew
+// once armed, and records when.
+type renewTrap struct {
+	leader.NopObserver
+	proxy *testpg.Proxy
+	armed atomic.Bool
+	once  sync.Once
+	at    chan time.Time
+}
+
+func (o *renewTrap) Renewed(leader.Leadership, time.Duration) {
+	if o.armed.Load() {
+		o.once.Do(func() {
+			o.proxy.Blackhole()
+			o.at <- time.Now()
+		})
+	}
+}
+
+// blackholeAfterRenew runs a leader behind a proxy (with replies delayed by
+// delay once elected), black-holes its path right after a renew succeeds,
+// and returns how long after that the leader stepped down.
+func blackholeAfterRenew(t *testing.T, interval, deadline, lease, delay time.Duration) time.Duration {
+	t.Helper()
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	proxy := newProxy(t, srv)
+	trap := &renewTrap{proxy: proxy, at: make(chan time.Time, 1)}
+	stepped := make(chan time.Time, 1)
+	startWith(t, r, opts{dsn: proxy.DSN(), key: testKey(t), id: "trapped", lease: lease, deadline: deadline,
+		onLead: func(ctx context.Context, l leader.Leadership) {
+			<-ctx.Done()
+			stepped <- time.Now()
+		}}, func(c *elector.Config) { c.Observer, c.RenewInterval = trap, interval })
+	r.next("elected", "trapped")
+	proxy.DelayReplies(delay)
+	trap.armed.Store(true)
+	holed := recv(t, trap.at, "a renew after arming")
+	defer proxy.Heal()
+	return recv(t, stepped, "the step-down").Sub(holed)
+}
+
+// The trust window counts from when the last successful renew was *sent*.
+// With replies 400 ms late, that renew was sent 400 ms before the path went
+// silent, so the leader must step down about RenewDeadline - 400 ms after
+// (200 ms), not RenewDeadline after (600 ms), which counting from the
+// reply would give.
+func TestTrustWindowCountsFromSend(t *testing.T) {
+	const deadline, delay = 600 * time.Millisecond, 400 * time.Millisecond
+	took := blackholeAfterRenew(t, 100*time.Millisecond, deadline, 2*time.Second, delay)
+	t.Logf("stepped down %s after the path went silent (window from the send: %s)", took, deadline-delay)
+	if took > deadline-delay+200*time.Millisecond {
+		t.Fatalf("stepped down %s after the last renew's reply; the window from its send closed at %s", took, deadline-delay)
+	}
+}
+
+// The renew deadline counts from the last *successful* renew, not from the
+// renew in flight: with a 400 ms interval, a path that goes silent right
+// after a renew must end the tenure RenewDeadline (600 ms) later, not an
+// interval later still (1 s).
+func TestRenewDeadlineFromLastSuccess(t *testing.T) {
+	const interval, deadline = 400 * time.Millisecond, 600 * time.Millisecond
+	took := blackholeAfterRenew(t, interval, deadline, 2*time.Second, 0)
+	t.Logf("stepped down %s after the path went silent (RenewDeadline %s)", took, deadline)
+	if took > deadline+200*time.Millisecond {
+		t.Fatalf("stepped down %s after the last successful renew; RenewDeadline is %s", took, deadline)
+	}
+}
+
+// Between renews the leader reads its idle socket: with a 5 s interval, a
+// terminated backend's FATAL still demotes it within a fraction of a
+// second, not at the next renew.
+func TestTerminatedBackendNoticedBetweenRenews(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	startWith(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "idle-reader", deadline: 10 * time.Second, lease: 20 * time.Second},
+		func(c *elector.Config) { c.RenewInterval = 5 * time.Second })
+	r.next("elected", "idle-reader")
+	killed := time.Now()
+	if n, err := srv.TerminateBackend(context.Background(), "idle-reader"); err != nil || n != 1 {
+		t.Fatalf("terminate: %d %v", n, err)
+	}
+	d := r.next("demoted", "idle-reader")
+	if took := d.at.Sub(killed); took > time.Second || !errors.Is(d.reason, leader.ErrConnectionLost) {
+		t.Fatalf("demoted %s after pg_terminate_backend with %v; want ErrConnectionLost within a second (the interval is 5 s)", took, d.reason)
+	}
+}
+
+// The first failed renew ends the tenure with its reason. (A live session
+// cannot be made to drop its lock from outside, so a scripted lease fails
+// the fourth renew.)
+func TestScriptedFirstFailedRenewDemotes(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}},
+		renews: []error{nil, nil, nil, leader.ErrLockLost}}
+	demoted := make(chan error, 1)
+	sc := runScripted(t, ls, func(c *elector.Config) {
+		c.Callbacks.OnDemoted = func(l leader.Leadership, reason error) { demoted <- reason }
+	})
+	sc.waitElected(t)
+	if reason := recv(t, demoted, "the demotion"); !errors.Is(reason, leader.ErrLockLost) {
+		t.Fatalf("reason %v, want ErrLockLost", reason)
+	}
+	if n := ls.count("renew"); n != 4 {
+		t.Fatalf("demoted after %d renews, want at the 4th (the first that failed)", n)
+	}
+}
+
+// While a stepping-down leader drains, it no longer leads: IsLeader,
+// Leadership, Status and leader-only readiness all say so at once.
+func TestNotLeaderWhileDraining(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	draining, release := make(chan struct{}), make(chan struct{})
+	a := start(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "drain-probe",
+		onLead: func(ctx context.Context, l leader.Leadership) {
+			<-ctx.Done()
+			close(draining)
+			<-release
+		}})
+	r.next("elected", "drain-probe")
+	ready := readyProbe(a.e)
+	if err := ready(); err != nil {
+		t.Fatalf("leader not ready: %v", err)
+	}
+	resigned := make(chan error, 1)
+	go func() { resigned <- a.e.Resign(context.Background()) }()
+	recv(t, draining, "the drain")
+	_, ok := a.e.Leadership()
+	st := a.e.Status()
+	if a.e.IsLeader() || ok || st.Leading || st.Tenure || ready() == nil {
+		t.Fatalf("during the drain: IsLeader %v, Leadership %v, Status.Leading %v, Status.Tenure %v, ready %v",
+			a.e.IsLeader(), ok, st.Leading, st.Tenure, ready() == nil)
+	}
+	close(release)
+	if err := recv(t, resigned, "Resign"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The reconnect backoff grows while connecting keeps failing: attempts are
+// counted up and the delays reach the cap.
+func TestReconnectBackoffGrows(t *testing.T) {
+	obs := newErrObserver()
+	delays := make(chan [2]int64, 64)
+	e, err := elector.New(elector.Config{
+		Connect: elector.DSN("postgres://u@127.0.0.1:1/db?connect_timeout=1"), Key: testKey(t),
+		Observer: &delayObserver{errObserver: obs, ch: delays}, ReconnectMaxDelay: 200 * time.Millisecond,
+		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var maxDelay time.Duration
+	for want := int64(1); want <= 8; want++ {
+		d := recv(t, delays, "a reconnect")
+		if d[0] != want {
+			t.Fatalf("attempt %d reported as %d: the count was reset", want, d[0])
+		}
+		maxDelay = max(maxDelay, time.Duration(d[1]))
+	}
+	if maxDelay < 100*time.Millisecond {
+		t.Fatalf("longest of 8 delays %s: the backoff does not grow towards its 200ms cap", maxDelay)
+	}
+}
+
+// A session that lasted longer than the lease resets the backoff: the first
+// reconnect after it is attempt 1 again.
+func TestReconnectBackoffResetsAfterLastingSession(t *testing.T) {
+	srv := testpg.Start(t)
+	if err := srv.Stop(testpg.Fast); err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorder(t)
+	delays := make(chan [2]int64, 256)
+	startWith(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "resetter"}, func(c *elector.Config) {
+		c.Observer = &delayObserver{errObserver: newErrObserver(), ch: delays}
+	})
+	for i := 0; i < 3; i++ {
+		recv(t, delays, "a failed connection attempt")
+	}
+	if err := srv.StartAgain(); err != nil {
+		t.Fatal(err)
+	}
+	e := r.next("elected", "resetter")
+	for len(delays) > 0 {
+		<-delays
+	}
+	time.Sleep(time.Until(e.at.Add(tLease + 200*time.Millisecond))) // let the session outlast the lease
+	if n, err := srv.TerminateBackend(context.Background(), "resetter"); err != nil || n != 1 {
+		t.Fatalf("terminate: %d %v", n, err)
+	}
+	if d := recv(t, delays, "the reconnect after the lasting session"); d[0] != 1 {
+		t.Fatalf("first reconnect after a session longer than the lease is attempt %d, want 1", d[0])
+	}
+}
+
+// delayObserver reports each reconnect's attempt number and delay.
+type delayObserver struct {
+	*errObserver
+	ch chan [2]int64
+}
+
+func (o *delayObserver) Reconnecting(k leader.Key, id string, attempt int, delay time.Duration, err error) {
+	o.errObserver.Reconnecting(k, id, attempt, delay, err)
+	select {
+	case o.ch <- [2]int64{int64(attempt), int64(delay)}:
+	default:
+	}
+}
+
+// Every boundary of every timing rule: the smallest valid value passes and
+// the largest invalid one fails.
+func TestConfigBoundaries(t *testing.T) {
+	ok := elector.Config{
+		Connect:       elector.DSN("postgres://u@127.0.0.1:1/db"),
+		Key:           leader.KeyFromName("x"),
+		Callbacks:     elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+		RenewInterval: time.Second, RenewDeadline: 3 * time.Second, LeaseDuration: 6 * time.Second,
+	}
+	tests := []struct {
+		name  string
+		edit  func(*elector.Config)
+		field string // "" when valid
+	}{
+		{"interval 1ms", func(c *elector.Config) { c.RenewInterval = time.Millisecond }, ""},
+		{"interval just under 1ms", func(c *elector.Config) { c.RenewInterval = time.Millisecond - 1 }, "RenewInterval"},
+		{"deadline just over interval", func(c *elector.Config) { c.RenewDeadline = time.Second + 1 }, ""},
+		{"deadline == interval", func(c *elector.Config) { c.RenewDeadline = time.Second }, "RenewDeadline"},
+		{"lease just over deadline", func(c *elector.Config) { c.LeaseDuration = 3*time.Second + 1 }, ""},
+		{"lease == deadline", func(c *elector.Config) { c.LeaseDuration = 3 * time.Second }, "LeaseDuration"},
+		{"release timeout: the default", func(c *elector.Config) { c.ReleaseTimeout = 0 }, ""},
+		{"release timeout -1ns", func(c *elector.Config) { c.ReleaseTimeout = -1 }, "ReleaseTimeout"},
+		{"reconnect delay -1ns", func(c *elector.Config) { c.ReconnectMaxDelay = -1 }, "ReconnectMaxDelay"},
+		{"identity of 63 bytes", func(c *elector.Config) { c.Identity = strings.Repeat("a", 63) }, ""},
+		{"identity of 64 bytes", func(c *elector.Config) { c.Identity = strings.Repeat("a", 64) }, "Identity"},
+		{"identity with a control character", func(c *elector.Config) { c.Identity = "a\tb" }, "Identity"},
+		{"identity with ~ (the last printable)", func(c *elector.Config) { c.Identity = "a~b" }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := ok
+			tt.edit(&c)
+			_, err := elector.New(c)
+			var ce *elector.ConfigError
+			switch {
+			case tt.field == "" && err != nil:
+				t.Fatalf("valid config rejected: %v", err)
+			case tt.field != "" && (!errors.As(err, &ce) || ce.Field != tt.field):
+				t.Fatalf("want a ConfigError on %s, got %v", tt.field, err)
+			}
+		})
+	}
+}
