@@ -147,7 +147,7 @@ func (e *Elector) Resign(ctx context.Context) error {
 	if t == nil || (fromCallback && own != t) {
 		return leader.ErrNotLeader // no tenure, or a past tenure's callback
 	}
-	t.cancel(leader.ErrResigned)
+	t.stopWith(leader.ErrResigned) // stepDown cancels OnElected's context
 	if fromCallback {
 		return nil
 	}

@@ -12,8 +12,12 @@ import (
 // tenure is one term of leadership, from the election to OnDemoted.
 type tenure struct {
 	l       leader.Leadership
-	ctx     context.Context // OnElected's; cancelled when the step-down begins
+	ctx     context.Context // OnElected's; cancelled by stepDown only, after IsLeader turned false
 	cancel  context.CancelCauseFunc
+	// stop asks hold to end the tenure: a Resign, OnElected returning, or
+	// Run's context ending (its parent). Its cause is the reason.
+	stop     context.Context
+	stopWith context.CancelCauseFunc
 	cbDone  chan struct{} // closed when OnElected returned
 	demoted chan struct{} // closed after OnDemoted
 	trust   window
@@ -69,8 +73,11 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, camp
 	t := &tenure{l: l, demoted: make(chan struct{}), cbDone: make(chan struct{}),
 		trust: window{lastOK: vsent, interval: c.RenewInterval, deadline: c.RenewDeadline}}
 	// The marker lets Resign know a call made with OnElected's own context.
-	leadCtx, cancel := context.WithCancelCause(context.WithValue(ctx, tenureKey{}, t))
+	// OnElected's context keeps Run's values but not its cancellation: it
+	// ends only in stepDown, once IsLeader is false, whatever the reason.
+	leadCtx, cancel := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), tenureKey{}, t))
 	t.ctx, t.cancel = leadCtx, cancel
+	t.stop, t.stopWith = context.WithCancelCause(ctx)
 	t.log = e.log.With(zap.Int64("term", term), zap.Uint32("backend_pid", pid))
 	e.trustUntil.Store(int64(t.trust.closes().Sub(e.epoch)))
 	e.leading.Store(true)
@@ -86,7 +93,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, camp
 	e.setLeader(c.Identity)
 	go func() {
 		defer close(t.cbDone)
-		defer cancel(leader.ErrCallbackReturned)
+		defer t.stopWith(leader.ErrCallbackReturned)
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
 	t.log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(campaignSent)))
@@ -97,14 +104,14 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, camp
 // hold keeps the tenure: it renews on the RenewInterval schedule and reads
 // the idle socket in between, so that a terminated backend's FATAL message
 // or EOF ends the tenure at once. It returns the reason the tenure ends:
-// the cause of OnElected's context (a resign, OnElected returning, Run's
+// the cause of the tenure's stop signal (a resign, OnElected returning, Run's
 // context) or a fault.
 func (e *Elector) hold(t *tenure, ls lease) error {
 	for {
-		werr := ls.WaitIdle(t.ctx, t.trust.nextRenew())
+		werr := ls.WaitIdle(t.stop, t.trust.nextRenew())
 		switch {
-		case t.ctx.Err() != nil:
-			return context.Cause(t.ctx)
+		case t.stop.Err() != nil:
+			return context.Cause(t.stop)
 		case werr != nil:
 			return werr
 		}
@@ -150,6 +157,7 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 	e.leading.Store(false)
 	e.trustUntil.Store(0)
 	t.cancel(reason)
+	t.stopWith(reason)
 	e.obs.Demoted(t.l, reason)
 	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
 	keepConn := false
