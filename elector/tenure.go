@@ -11,17 +11,17 @@ import (
 
 // tenure is one term of leadership, from the election to OnDemoted.
 type tenure struct {
-	l       leader.Leadership
-	ctx     context.Context // OnElected's; cancelled by stepDown only, after IsLeader turned false
-	cancel  context.CancelCauseFunc
+	l      leader.Leadership
+	ctx    context.Context // OnElected's; cancelled by stepDown only, after IsLeader turned false
+	cancel context.CancelCauseFunc
 	// stop asks hold to end the tenure: a Resign, OnElected returning, or
 	// Run's context ending (its parent). Its cause is the reason.
 	stop     context.Context
 	stopWith context.CancelCauseFunc
-	cbDone  chan struct{} // closed when OnElected returned
-	demoted chan struct{} // closed after OnDemoted
-	trust   window
-	log     *zap.Logger
+	cbDone   chan struct{} // closed when OnElected returned
+	demoted  chan struct{} // closed after OnDemoted
+	trust    window
+	log      *zap.Logger
 }
 
 // window is a tenure's trust window. The leader trusts its leadership until
