@@ -84,13 +84,14 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 // there with ErrConnectionLost, and Run reconnects.
 func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (won bool, sent time.Time, err error) {
 	sent = time.Now()
-	rctx, cancel := context.WithDeadline(ctx, sent.Add(e.cfg.RenewInterval+e.cfg.RenewDeadline))
+	wait := max(e.cfg.RenewInterval, time.Duration(e.roundWait.Load()))
+	rctx, cancel := context.WithDeadline(ctx, sent.Add(wait+e.cfg.RenewDeadline))
 	defer cancel()
 	r, err := ls.Campaign(rctx, e.target, false)
 	if err != nil {
 		if rctx.Err() == context.DeadlineExceeded && !errors.Is(err, leader.ErrConnectionLost) {
 			err = fmt.Errorf("%w: no answer to a campaign round within its lock wait plus RenewDeadline (%s): %w",
-				leader.ErrConnectionLost, e.cfg.RenewInterval+e.cfg.RenewDeadline, err)
+				leader.ErrConnectionLost, wait+e.cfg.RenewDeadline, err)
 		}
 		return false, sent, err
 	}

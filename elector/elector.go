@@ -52,8 +52,9 @@ type Elector struct {
 	obs   leader.Observer
 	epoch time.Time
 
-	target *lockconn.Target
-	open   func(ctx context.Context) (lease, error) // openLease, or a script in tests
+	target    *lockconn.Target
+	roundWait atomic.Int64                             // a follower round's lock wait on the current session
+	open      func(ctx context.Context) (lease, error) // openLease, or a script in tests
 
 	ran     atomic.Bool
 	leading atomic.Bool

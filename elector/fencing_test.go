@@ -241,6 +241,7 @@ func TestOnNewLeaderOncePerChange(t *testing.T) {
 	leaders = append(leaders, cur.id)
 	for i := 0; i < 3; i++ {
 		waitAllSee(t, els, cur.id)
+		waitAllReported(t, r, els, cur.id)
 		if err := els[cur.id].e.Resign(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -248,6 +249,7 @@ func TestOnNewLeaderOncePerChange(t *testing.T) {
 		leaders = append(leaders, cur.id)
 	}
 	waitAllSee(t, els, cur.id)
+	waitAllReported(t, r, els, cur.id)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	seen := map[string][]string{}

@@ -113,6 +113,26 @@ func waitAllSee(t *testing.T, els map[string]*running, id string) {
 	}
 }
 
+// waitAllReported waits until OnNewLeader has reported id as the latest
+// leader to every elector: it runs on its own goroutine, a moment after
+// Leader() changes.
+func waitAllReported(t *testing.T, r *recorder, els map[string]*running, id string) {
+	t.Helper()
+	for name := range els {
+		eventually(t, "OnNewLeader reports "+id+" to "+name, func() (bool, string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			last := ""
+			for _, e := range r.events {
+				if e.kind == "newleader" && e.id == name {
+					last = e.leader
+				}
+			}
+			return last == id, "last reported " + last
+		})
+	}
+}
+
 // waitWrites waits until a write under term is in the table.
 func waitWrites(t *testing.T, srv *testpg.Server, key leader.Key, term int64) {
 	t.Helper()

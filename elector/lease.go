@@ -57,5 +57,32 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 			return nil, fmt.Errorf("fencing: %w", err)
 		}
 	}
+	wait := e.followerWait(ls.DeadlockTimeout())
+	quiet, holder, err := ls.Watch(ctx, e.target, wait)
+	if err != nil {
+		ls.Close()
+		return nil, fmt.Errorf("session setup: %w", err)
+	}
+	if !quiet {
+		e.log.Warn("follower rounds cannot use their session function (no TEMP privilege, or a read-only session): each round then reads pg_locks, and ends in a lock_timeout error the server logs")
+	}
+	e.roundWait.Store(int64(wait))
+	if holder != "" {
+		e.setLeader(holder)
+	}
 	return ls, nil
+}
+
+// followerWait is how long a quiet follower round waits for the lock: below
+// the server's deadlock_timeout (four fifths of it), so that the deadlock
+// detector, which takes every lock partition, never runs for a follower;
+// and at most RenewDeadline, so that rounds stay frequent enough for the
+// probes. A waiter is granted the lock the moment it is released, whatever
+// the round length.
+func (e *Elector) followerWait(deadlock time.Duration) time.Duration {
+	w := e.cfg.RenewDeadline
+	if deadlock > 0 {
+		w = min(w, deadlock*4/5)
+	}
+	return max(w, time.Millisecond)
 }

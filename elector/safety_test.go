@@ -206,6 +206,11 @@ func TestStandbyNeverLeads(t *testing.T) {
 		if err := lock(tx); !errors.Is(err, leader.ErrStandby) {
 			t.Errorf("%s on a standby: %v, want ErrStandby", name, err)
 		}
+		// Nothing was locked there, not even for the transaction.
+		var n int
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&n); err == nil && n != 0 {
+			t.Errorf("%s took %d advisory locks on the standby", name, n)
+		}
 		tx.Rollback(ctx)
 	}
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,7 +59,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		`  pgleader bench                                   # every scenario on a throwaway PostgreSQL
   pgleader bench --scenarios resign,kill --runs 100
   pgleader bench --dsn "$DATABASE_URL" --scenarios resign,kill,backend --json
-Scenarios: resign kill backend partition pause restart crowd idle. partition,
+Scenarios: resign kill backend partition pause restart crowd idle dbload
+(not in the default list: it takes minutes). partition,
 pause and idle put a TCP proxy in front of the server; restart needs the
 throwaway server.
 `, stderr)
@@ -69,6 +71,9 @@ throwaway server.
 	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
 	crowdInterval := fs.Duration("crowd-interval", 0, "RenewInterval of the crowd's candidates (0: the default, 1s); RenewDeadline and the lease scale with it")
 	asJSON := fs.Bool("json", false, "print JSON")
+	loadSizes := fs.String("dbload-sizes", "3,20,200", "fleet sizes of the dbload scenario (electors on one key, in this process)")
+	loadWindow := fs.Duration("dbload-window", 20*time.Second, "how long dbload measures each fleet's server CPU and log lines")
+	loadPairs := fs.Int("dbload-pairs", 5, "alternated pgbench pairs (without, with the fleet) per fleet size")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,7 +82,16 @@ throwaway server.
 		return err
 	}
 	progress := stderr
-	return withDatabase(*dsn, progress, pgtemp.Options{MaxConnections: *crowd + 40}, func(dsn string, srv *pgtemp.Server) error {
+	var sizes []int
+	for _, f := range strings.Split(*loadSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return usageError{fmt.Sprintf("--dbload-sizes: %q is not a fleet size", f)}
+		}
+		sizes = append(sizes, n)
+	}
+	maxConns := max(*crowd, slices.Max(sizes)) + 40
+	return withDatabase(*dsn, progress, pgtemp.Options{MaxConnections: maxConns}, func(dsn string, srv *pgtemp.Server) error {
 		ctx := context.Background()
 		admin, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -105,6 +119,8 @@ throwaway server.
 				}
 			case "idle":
 				err = b.idle(*idle)
+			case "dbload":
+				err = b.dbload(sizes, *loadWindow, *loadPairs)
 			default:
 				return usageError{fmt.Sprintf("unknown scenario %q", s)}
 			}

@@ -22,6 +22,7 @@ type Target struct {
 	holderSQL, waitSQL, trySQL, checkSQL string
 	bumpSQL                              string // "" without fencing
 	bumpArgs                             []any
+	wait                                 time.Duration // a quiet round's lock wait; see Lease.Watch
 }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
@@ -64,8 +65,10 @@ type Round struct {
 // releases advisory locks. It owns its connection, the backend pid and the
 // session token. Its methods are not safe for concurrent use.
 type Lease struct {
-	conn *pgx.Conn
-	sess Session
+	conn       *pgx.Conn
+	sess       Session
+	quietTried bool
+	quiet      bool // the quiet round's function exists in this session
 }
 
 // Open configures conn as a lock session (see Setup) and returns its Lease,
@@ -84,6 +87,9 @@ func (l *Lease) PID() uint32 { return l.sess.PID }
 // Major is the server's major version.
 func (l *Lease) Major() int { return l.sess.Major }
 
+// DeadlockTimeout is the server's deadlock_timeout, read at setup.
+func (l *Lease) DeadlockTimeout() time.Duration { return l.sess.DeadlockTimeout }
+
 // Conn is the session's connection, for setup steps such as creating the
 // terms table. Never run anything on it while the Lease holds a lock.
 func (l *Lease) Conn() *pgx.Conn { return l.conn }
@@ -94,6 +100,9 @@ func (l *Lease) Conn() *pgx.Conn { return l.conn }
 // a lock the backend already holds and never takes one on a standby
 // (ErrStandby). A lock_timeout is not an error: it reads as Busy.
 func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error) {
+	if l.quiet && !try && t.wait > 0 {
+		return l.quietCampaign(ctx, t)
+	}
 	b := &pgx.Batch{}
 	b.Queue(t.holderSQL)
 	sql := t.waitSQL
@@ -149,7 +158,9 @@ func Adopt(r Round, possiblyHeld bool, pid uint32) (won bool, err error) {
 // own backend holds it (which also catches a transaction-pooling proxy:
 // ErrTransactionPooling), and with fencing installs the next term in the
 // same round trip. A term row locked by an earlier leader's transaction
-// gives ErrTermBusy; the caller may try again.
+// gives ErrTermBusy; the caller may try again. A session that campaigns
+// quietly also announces itself on the lock's channel (NOTIFY) in that
+// round trip.
 func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) {
 	defer func() {
 		if errors.Is(err, ErrLockLost) {
@@ -157,17 +168,35 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 		}
 	}()
 	if t.bumpSQL == "" {
-		return 0, l.Renew(ctx, t)
+		if !l.quiet {
+			return 0, l.Renew(ctx, t)
+		}
+		b := &pgx.Batch{}
+		b.Queue(t.checkSQL)
+		b.Queue(notifySQL, t.Channel())
+		br := l.conn.SendBatch(ctx, b)
+		defer br.Close()
+		if err := CheckResult(br.QueryRow(), l.sess); err != nil {
+			return 0, err
+		}
+		_, err := br.Exec()
+		return 0, err
 	}
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
 	b.Queue(t.bumpSQL, t.bumpArgs...)
+	if l.quiet {
+		b.Queue(notifySQL, t.Channel())
+	}
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
 		return 0, err
 	}
 	err = br.QueryRow().Scan(&term)
+	if err == nil && l.quiet {
+		_, err = br.Exec()
+	}
 	switch {
 	case IsLockTimeout(err):
 		br.Close()
@@ -177,6 +206,10 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 	}
 	return term, br.Close()
 }
+
+// notifySQL announces a new leader on its lock's channel; it is sent with
+// the confirm, in the same round trip, and delivered when that commits.
+const notifySQL = `SELECT pg_notify($1, current_setting('application_name'))`
 
 // Renew asks whether this session's backend holds the lock: nil when it
 // does. ctx's deadline is the trust window: past it the error is

@@ -41,6 +41,9 @@ const (
 	// transaction-pooling proxy.
 	duplicatePreparedStatement = "42P05"
 	invalidSQLStatementName    = "26000"
+	// The session's own pg_temp function is missing: the statement ran on
+	// another backend.
+	undefinedFunction = "42883"
 )
 
 // Tag is an advisory lock's identity in pg_locks, and its argument list for
@@ -126,6 +129,10 @@ type Session struct {
 	PID   uint32
 	Token string
 	Major int // server major version
+	// DeadlockTimeout is the server's deadlock_timeout: a lock wait that
+	// lasts longer runs the deadlock detector, which takes every lock
+	// partition. Quiet follower rounds stay below it.
+	DeadlockTimeout time.Duration
 }
 
 // Same reports a pooling error unless pid and token are the session's.
@@ -182,7 +189,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		sets = append(sets, [2]string{"idle_session_timeout", ms(s.Lease)})
 	}
 	var sb strings.Builder
-	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery()")
+	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8")
 	args := []any{pgx.QueryExecModeSimpleProtocol}
 	for i, kv := range sets {
 		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
@@ -213,6 +220,9 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	if err := rows.Err(); err != nil {
 		return sess, err
 	}
+	if dt, ok := vals[2].(int64); ok {
+		sess.DeadlockTimeout = time.Duration(dt) * time.Millisecond
+	}
 	if standby, _ := vals[1].(bool); standby {
 		return sess, fmt.Errorf("%w (session setup, backend pid %d)", ErrStandby, sess.PID)
 	}
@@ -232,6 +242,9 @@ func Pooling(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == duplicatePreparedStatement || pgErr.Code == invalidSQLStatementName) {
 		return fmt.Errorf("%w: prepared statements vanish or collide: %w", ErrTransactionPooling, err)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction && strings.Contains(pgErr.Message, "pgleader_wait") {
+		return fmt.Errorf("%w: this session's own function is missing, so the statement ran on another backend: %w", ErrTransactionPooling, err)
 	}
 	return err
 }

@@ -204,3 +204,85 @@ func TestRenewMatchesWholeTagAndOwnBackend(t *testing.T) {
 		t.Fatalf("renew while another backend holds the key: %v, want ErrLockLost", err)
 	}
 }
+
+// Every layer refuses a hot standby on its own: the session setup, a
+// campaign round (which must lock nothing there), and a renew.
+func TestEveryLayerRefusesAStandby(t *testing.T) {
+	primary := testpg.Start(t)
+	standby, err := primary.NewStandby()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(standby.Close)
+	ctx := context.Background()
+	settings := lockconn.Settings{Identity: "on-standby", LockTimeout: 100 * time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second}
+	conn, err := standby.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := lockconn.Open(ctx, conn, settings); !errors.Is(err, lockconn.ErrStandby) {
+		t.Fatalf("Open on a standby: %v, want ErrStandby", err)
+	}
+	target := lockconn.NewTarget(leader.KeyFromName(t.Name()), "", "", "")
+	conn, err = standby.Connect(ctx) // a session Open never touched
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	ls := lockconn.UnsafeLease(conn)
+	for _, try := range []bool{false, true} {
+		if _, err := ls.Campaign(ctx, target, try); !errors.Is(err, lockconn.ErrStandby) {
+			t.Fatalf("Campaign (try %v) on a standby: %v, want ErrStandby", try, err)
+		}
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d advisory locks taken on the standby (%v)", n, err)
+	}
+	// Take the lock by hand, as a session that passed no check would, and
+	// renew: the renew must see the standby before it sees the lock.
+	if _, err := conn.Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrStandby) {
+		t.Fatalf("Renew on a standby while holding the lock: %v, want ErrStandby", err)
+	}
+}
+
+// The quiet round never stacks: a second round on a held lock reports it
+// as held before the round (for the caller to judge), and one unlock frees
+// it.
+func TestQuietRoundNeverStacks(t *testing.T) {
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "quiet-stack", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	for _, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(3, 4)} {
+		target := lockconn.NewTarget(key, "", "", "")
+		quiet, _, err := ls.Watch(ctx, target, 200*time.Millisecond)
+		if err != nil || !quiet {
+			t.Fatalf("Watch: quiet %v, %v", quiet, err)
+		}
+		r, err := ls.Campaign(ctx, target, false)
+		if err != nil || !r.Held || r.Already {
+			t.Fatalf("first quiet round: %+v %v", r, err)
+		}
+		r, err = ls.Campaign(ctx, target, false)
+		if err != nil || !r.Already {
+			t.Fatalf("second quiet round on a held lock: %+v %v, want Already", r, err)
+		}
+		if err := ls.Unlock(ctx, target); err != nil {
+			t.Fatal(err)
+		}
+		if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+			t.Fatalf("after one unlock: %v, want ErrLockLost (the lock was stacked)", err)
+		}
+	}
+}

@@ -10,6 +10,7 @@
 package pgtemp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -314,6 +315,16 @@ func (s *Server) LogTail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// BinDir is the directory of the server binaries in use (pgbench is there
+// too on most installations).
+func (s *Server) BinDir() string { return s.bindir }
+
+// LogLines counts the lines of the server log so far.
+func (s *Server) LogLines() int {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+	return bytes.Count(b, []byte("\n"))
 }
 
 // Port returns the server's TCP port on 127.0.0.1.

@@ -1,0 +1,146 @@
+package elector_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/testpg"
+)
+
+// serverLog returns the throwaway server's log lines so far.
+func serverLog(srv *testpg.Server) []string {
+	s := strings.TrimSpace(srv.LogTail(1 << 20))
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+// waitRounds waits until each elector has finished n more campaign rounds
+// (or renews).
+func waitRounds(t *testing.T, els []*running, n int) {
+	t.Helper()
+	for _, rn := range els {
+		start := rn.e.Status().LastRound
+		count, last := 0, start
+		eventually(t, rn.e.Identity()+" runs its rounds", func() (bool, string) {
+			if lr := rn.e.Status().LastRound; lr.After(last) {
+				count, last = count+1, lr
+			}
+			return count >= n, ""
+		})
+	}
+}
+
+// A standing fleet, and a handover, add nothing to the server's log: no
+// follower round ends in an error the server logs (at its default
+// log_min_error_statement).
+func TestQuietFleetLogsNothing(t *testing.T) {
+	srv := testpg.Start(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	before := len(serverLog(srv))
+	var els []*running
+	for _, id := range []string{"quiet-1", "quiet-2", "quiet-3"} {
+		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: id}))
+	}
+	first := r.next("elected", "")
+	waitRounds(t, els, 6)
+	for _, rn := range els {
+		if rn.e.Identity() == first.id {
+			if err := rn.e.Resign(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	second := r.next("elected", "")
+	waitRounds(t, els, 6)
+	if added := serverLog(srv)[before:]; len(added) > 0 {
+		t.Fatalf("the fleet added %d lines to the server log (elected %s, then %s):\n%s", len(added), first.id, second.id, strings.Join(added, "\n"))
+	}
+}
+
+// Elections stay correct whatever the server's deadlock_timeout: follower
+// rounds wait below it when it is short, and at most RenewDeadline when it
+// is long.
+func TestElectionsAcrossDeadlockTimeouts(t *testing.T) {
+	for _, dt := range []string{"100ms", "10s"} {
+		t.Run(dt, func(t *testing.T) {
+			srv := testpg.Start(t, testpg.Options{Settings: []string{"deadlock_timeout=" + dt}})
+			r := newRecorder(t)
+			key := testKey(t)
+			els := map[string]*running{}
+			for _, id := range []string{"dt-1", "dt-2", "dt-3"} {
+				els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id})
+			}
+			cur := r.next("elected", "")
+			for i := 0; i < 2; i++ {
+				if err := els[cur.id].e.Resign(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				next := r.next("elected", "")
+				if next.id == cur.id {
+					t.Fatalf("%s re-elected while others waited", cur.id)
+				}
+				cur = next
+			}
+			before := len(serverLog(srv))
+			waitRounds(t, []*running{els["dt-1"], els["dt-2"], els["dt-3"]}, 4)
+			if added := serverLog(srv)[before:]; len(added) > 0 {
+				t.Fatalf("standing fleet logged:\n%s", strings.Join(added, "\n"))
+			}
+		})
+	}
+}
+
+// A role that may not create temporary objects (only CONNECT) still gets
+// correct elections: its follower rounds fall back to the plain lock wait,
+// and the elector says so once per connection.
+func TestRoleWithoutTempFallsBack(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		"REVOKE TEMPORARY ON DATABASE postgres FROM PUBLIC",
+		"CREATE ROLE connect_only LOGIN",
+	} {
+		if err := srv.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dsn := "postgres://connect_only@" + srv.Addr() + "/postgres?sslmode=disable"
+	r := newRecorder(t)
+	key := testKey(t)
+	core, logs := observer.New(zap.WarnLevel)
+	a := start(t, r, opts{dsn: dsn, key: key, id: "plain-1", logger: zap.New(core)})
+	start(t, r, opts{dsn: dsn, key: key, id: "plain-2"})
+	first := r.next("elected", "")
+	if first.id == "plain-1" {
+		if err := a.e.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.next("elected", "plain-2")
+	} else {
+		waitWaiter(t, srv, key, "plain-1")
+	}
+	if logs.FilterMessageSnippet("cannot use their session function").Len() == 0 {
+		t.Fatal("no warning that follower rounds fell back")
+	}
+}
+
+// With the default privileges the elector uses the quiet rounds and says
+// nothing about a fallback.
+func TestDefaultRoleIsQuiet(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	core, logs := observer.New(zap.WarnLevel)
+	startWith(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "default-role", logger: zap.New(core)}, func(*elector.Config) {})
+	r.next("elected", "default-role")
+	if n := logs.FilterMessageSnippet("cannot use their session function").Len(); n != 0 {
+		t.Fatal("fell back with default privileges")
+	}
+}
