@@ -314,3 +314,39 @@ func waitFor[T any](t testing.TB, ch <-chan T, what string) T {
 		return zero
 	}
 }
+
+// TryRun's trust window counts from when a successful check was sent, not
+// from when its reply came: with replies 400 ms late, fn's context must end
+// about LeaseDuration/2 - 400 ms after the path goes silent, not
+// LeaseDuration/2.
+func TestTryRunTrustWindowFromSend(t *testing.T) {
+	srv := server(t)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	const lease, delay = 3 * time.Second, 400 * time.Millisecond
+	started, cancelled := make(chan time.Time, 1), make(chan time.Time, 1)
+	done := make(chan error, 1)
+	proxy.DelayReplies(delay)
+	go func() {
+		done <- lock.TryRun(context.Background(), leader.DSN(proxy.DSN()), leader.KeyFromName(t.Name()),
+			lock.Options{Identity: "slow-path", CheckInterval: time.Second, LeaseDuration: lease},
+			func(ctx context.Context) error {
+				started <- time.Now()
+				<-ctx.Done()
+				cancelled <- time.Now()
+				return nil
+			})
+	}()
+	waitFor(t, started, "fn")
+	holed := time.Now()
+	proxy.Blackhole()
+	stop := waitFor(t, cancelled, "the cancellation")
+	if took := stop.Sub(holed); took > lease/2-delay+200*time.Millisecond {
+		t.Fatalf("fn's context ended %s after the path went silent; the last check was sent %s before its reply, so the window (%s) closed %s after", took, delay, lease/2, lease/2-delay)
+	}
+	waitFor(t, done, "TryRun")
+	proxy.Heal()
+}

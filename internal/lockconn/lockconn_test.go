@@ -3,11 +3,14 @@ package lockconn_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/testpg"
@@ -283,6 +286,66 @@ func TestQuietRoundNeverStacks(t *testing.T) {
 		}
 		if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
 			t.Fatalf("after one unlock: %v, want ErrLockLost (the lock was stacked)", err)
+		}
+	}
+}
+
+// The holder lookup names the session that holds the lock, never one of
+// the sessions queued behind it.
+func TestHolderLookupIgnoresWaiters(t *testing.T) {
+	ctx := context.Background()
+	for k := 0; k < 3; k++ {
+		key := leader.KeyFromName(fmt.Sprintf("%s-%d", t.Name(), k))
+		target := lockconn.NewTarget(key, "", "", "")
+		holder, _ := session(t, fmt.Sprintf("holder-%d", k), time.Second)
+		if _, err := holder.Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wctx, stopWaiters := context.WithCancel(ctx)
+		for w := 0; w < 4; w++ {
+			waiter, _ := session(t, fmt.Sprintf("waiter-%d-%d", k, w), 10*time.Second)
+			wg.Add(1)
+			go func() { defer wg.Done(); waiter.Exec(wctx, target.Call("pg_advisory_lock"), target.Vals...) }()
+			if err := testpg.WaitWaiter(ctx, holder, key, fmt.Sprintf("waiter-%d-%d", k, w)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "looker", LockTimeout: time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, seen, err := ls.Watch(ctx, target, time.Millisecond)
+		if err != nil || seen != fmt.Sprintf("holder-%d", k) {
+			t.Fatalf("holder lookup: %q (%v), want holder-%d", seen, err, k)
+		}
+		ls.Close()
+		stopWaiters() // their connections close, and their waits end
+		wg.Wait()
+	}
+}
+
+// The pooling symptoms, classified without a server: vanished or colliding
+// prepared statements, and this session's own function missing.
+func TestPoolingSymptoms(t *testing.T) {
+	for _, tt := range []struct {
+		err     error
+		pooling bool
+	}{
+		{&pgconn.PgError{Code: "26000", Message: `prepared statement "x" does not exist`}, true},
+		{&pgconn.PgError{Code: "42P05", Message: `prepared statement "x" already exists`}, true},
+		{&pgconn.PgError{Code: "42883", Message: "function pg_temp.pgleader_wait(bigint, oid, oid, smallint, integer) does not exist"}, true},
+		{&pgconn.PgError{Code: "42883", Message: "function other_function() does not exist"}, false},
+		{&pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}, false},
+	} {
+		err := lockconn.Pooling(tt.err)
+		var pgErr *pgconn.PgError
+		if errors.Is(err, lockconn.ErrTransactionPooling) != tt.pooling || !errors.As(err, &pgErr) {
+			t.Errorf("Pooling(%v) = %v; want pooling %v with the cause kept", tt.err, err, tt.pooling)
 		}
 	}
 }

@@ -158,8 +158,10 @@ func (l *Lease) notified(t *Target) string {
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	for {
-		n, err := l.conn.WaitForNotification(done)
-		if n == nil || err != nil && n == nil {
+		// With a done context this returns a buffered notification, or
+		// nothing at once, without touching the connection.
+		n, _ := l.conn.WaitForNotification(done)
+		if n == nil {
 			return latest
 		}
 		if n.Channel == t.Channel() && n.Payload != "" {
