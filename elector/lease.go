@@ -29,16 +29,23 @@ type lease interface {
 // application_name, the lock wait bound (RenewInterval), the server-side
 // lease (idle_session_timeout = LeaseDuration), keepalives, and
 // synchronous_commit (a fencing term must survive a crash and a failover);
-// with fencing it also makes sure the terms table exists. All of it is
-// bounded by LeaseDuration.
+// with fencing it also makes sure the terms table exists; then it prepares
+// the quiet follower round. Connecting and the rest are each bounded by
+// LeaseDuration.
 func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	c := e.cfg
-	ctx, cancel := context.WithTimeout(ctx, c.LeaseDuration)
-	defer cancel()
-	conn, err := c.Connect.Connect(ctx)
+	cctx, cancel := context.WithTimeout(ctx, c.LeaseDuration)
+	conn, err := c.Connect.Connect(cctx)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
+	// The session's setup has a budget of its own: under a storm of
+	// connections (a fleet restarting at once on a busy server) a
+	// connection that took long must not leave its setup no time, or every
+	// member times out and retries together.
+	ctx, cancel = context.WithTimeout(ctx, c.LeaseDuration)
+	defer cancel()
 	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{
 		Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
 		KeepIdle: c.RenewDeadline, SyncCommit: true,

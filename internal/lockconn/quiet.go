@@ -17,18 +17,21 @@ import (
 // only the TEMP privilege every role has by default) that:
 //
 //   - refuses a server in recovery (4: ErrStandby);
-//   - probes with pg_try_advisory_xact_lock_shared: false means
-//     another session holds the lock, the usual case, and costs no pg_locks
-//     read. True means the lock is free or this backend holds it; only then
-//     it reads pg_locks for its own backend, so that it never stacks (3:
-//     held before the round, which the caller takes for a shared backend);
+//   - probes with a shared lock, taken with pg_try_advisory_lock_shared and
+//     released at once: false means another session holds the lock, the
+//     usual case, and costs no pg_locks read. True means the lock is free or
+//     this backend holds it; only then it reads pg_locks for its own
+//     backend, so that it never stacks (3: held before the round, which the
+//     caller takes for a shared backend). The probe must not outlive
+//     itself: followers that kept a shared lock into their exclusive wait
+//     would block each other (the lock-upgrade deadlock), and as their
+//     waits end before the deadlock detector runs, nobody would be elected;
 //   - waits for the lock with lock_timeout below the server's
 //     deadlock_timeout, so the deadlock detector never runs for it (1: won);
 //   - catches lock_not_available, which the server does not log, and settles
 //     a grant that raced the timeout the same way: the probe, then pg_locks
 //     only when the lock is free or ours (1: won; 0: busy).
 //
-// The transaction-level shared lock of the probe ends with the statement.
 // Followers learn the leader from the NOTIFY each new leader sends on the
 // key's channel with its confirm, read between rounds, instead of from
 // pg_locks. When the function cannot be created (no TEMP privilege, a
@@ -40,7 +43,7 @@ BEGIN
   IF pg_is_in_recovery() THEN
     RETURN 4;
   END IF;
-  IF pg_try_advisory_xact_lock_shared(k) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
+  IF (pg_try_advisory_lock_shared(k) AND pg_advisory_unlock_shared(k)) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
       AND l.classid = c AND l.objid = o AND l.objsubid = s AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()) THEN
     RETURN 3;
   END IF;
@@ -49,7 +52,7 @@ BEGIN
     PERFORM pg_advisory_lock(k);
     RETURN 1;
   EXCEPTION WHEN lock_not_available THEN
-    IF pg_try_advisory_xact_lock_shared(k) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
+    IF (pg_try_advisory_lock_shared(k) AND pg_advisory_unlock_shared(k)) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
         AND l.classid = c AND l.objid = o AND l.objsubid = s AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()) THEN
       RETURN 1;
     END IF;
@@ -62,7 +65,7 @@ BEGIN
   IF pg_is_in_recovery() THEN
     RETURN 4;
   END IF;
-  IF pg_try_advisory_xact_lock_shared(a, b) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
+  IF (pg_try_advisory_lock_shared(a, b) AND pg_advisory_unlock_shared(a, b)) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
       AND l.classid = c AND l.objid = o AND l.objsubid = s AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()) THEN
     RETURN 3;
   END IF;
@@ -71,7 +74,7 @@ BEGIN
     PERFORM pg_advisory_lock(a, b);
     RETURN 1;
   EXCEPTION WHEN lock_not_available THEN
-    IF pg_try_advisory_xact_lock_shared(a, b) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
+    IF (pg_try_advisory_lock_shared(a, b) AND pg_advisory_unlock_shared(a, b)) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
         AND l.classid = c AND l.objid = o AND l.objsubid = s AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()) THEN
       RETURN 1;
     END IF;

@@ -142,10 +142,10 @@ var mutants = []mutant{
 
 	// The quiet follower round.
 	{"quiet-stacks", "internal/lockconn/quiet.go",
-		"END IF;\n  IF pg_try_advisory_xact_lock_shared(k) AND EXISTS", "END IF;\n  IF false AND EXISTS",
+		"END IF;\n  IF (pg_try_advisory_lock_shared(k) AND pg_advisory_unlock_shared(k)) AND EXISTS", "END IF;\n  IF false AND EXISTS",
 		"a quiet round locks again on a lock the backend holds (it stacks)"},
 	{"quiet-race-dropped", "internal/lockconn/quiet.go",
-		"    IF pg_try_advisory_xact_lock_shared(a, b) AND EXISTS", "    IF false AND EXISTS",
+		"    IF (pg_try_advisory_lock_shared(a, b) AND pg_advisory_unlock_shared(a, b)) AND EXISTS", "    IF false AND EXISTS",
 		"a grant that raced the quiet round's timeout is left held and unknown (pair keys)"},
 	{"quiet-no-announce", "internal/lockconn/lease.go",
 		"\t\tb.Queue(t.checkSQL)\n\t\tb.Queue(notifySQL, t.Channel())", "\t\tb.Queue(t.checkSQL)\n\t\tb.Queue(`SELECT 1`)",
