@@ -23,6 +23,7 @@ type Target struct {
 	bumpSQL                              string // "" without fencing
 	bumpArgs                             []any
 	wait                                 time.Duration // a quiet round's lock wait; see Lease.Watch
+	quietSQL                             string        // the quiet round's call, built by Watch
 }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
@@ -113,16 +114,9 @@ func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	var rd Round
-	var ownPid int32
-	switch err := br.QueryRow().Scan(&rd.Holder, &rd.HolderPID, &ownPid); {
-	case errors.Is(err, pgx.ErrNoRows):
-		rd.Free = true
-	case err != nil:
-		return rd, Pooling(err)
-	case rd.HolderPID == ownPid:
-		rd.Holder, rd.HolderPID = "", 0
-	case rd.Holder == "":
-		rd.Holder = fmt.Sprintf("pid %d", rd.HolderPID)
+	var err error
+	if rd.Holder, rd.HolderPID, rd.Free, err = scanHolder(br.QueryRow()); err != nil {
+		return rd, err
 	}
 	r, err := ScanAcquire(br.QueryRow())
 	if IsLockTimeout(err) {
@@ -138,6 +132,24 @@ func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error
 	}
 	rd.Already, rd.Held, rd.Busy = r.Already, r.Held, !r.Held
 	return rd, br.Close()
+}
+
+// scanHolder reads a HolderSQL row: the holder's application_name (or
+// "pid N" when it has none) and pid when another session holds the lock;
+// free when nobody does; all zero when this session does.
+func scanHolder(row pgx.Row) (holder string, pid int32, free bool, err error) {
+	var own int32
+	switch err := row.Scan(&holder, &pid, &own); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", 0, true, nil
+	case err != nil:
+		return "", 0, false, Pooling(err)
+	case pid == own:
+		return "", 0, false, nil
+	case holder == "":
+		holder = fmt.Sprintf("pid %d", pid)
+	}
+	return holder, pid, false, nil
 }
 
 // Adopt decides what a round that found the lock already held means. A
@@ -167,24 +179,14 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 			err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", ErrTransactionPooling)
 		}
 	}()
-	if t.bumpSQL == "" {
-		if !l.quiet {
-			return 0, l.Renew(ctx, t)
-		}
-		b := &pgx.Batch{}
-		b.Queue(t.checkSQL)
-		b.Queue(notifySQL, t.Channel())
-		br := l.conn.SendBatch(ctx, b)
-		defer br.Close()
-		if err := CheckResult(br.QueryRow(), l.sess); err != nil {
-			return 0, err
-		}
-		_, err := br.Exec()
-		return 0, err
+	if t.bumpSQL == "" && !l.quiet {
+		return 0, l.Renew(ctx, t)
 	}
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
-	b.Queue(t.bumpSQL, t.bumpArgs...)
+	if t.bumpSQL != "" {
+		b.Queue(t.bumpSQL, t.bumpArgs...)
+	}
 	if l.quiet {
 		b.Queue(notifySQL, t.Channel())
 	}
@@ -193,7 +195,9 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
 		return 0, err
 	}
-	err = br.QueryRow().Scan(&term)
+	if t.bumpSQL != "" {
+		err = br.QueryRow().Scan(&term)
+	}
 	if err == nil && l.quiet {
 		_, err = br.Exec()
 	}

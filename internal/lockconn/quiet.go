@@ -3,7 +3,6 @@ package lockconn
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,8 +87,8 @@ func (t *Target) Channel() string {
 	return fmt.Sprintf("pgleader.%d.%d.%d", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
-// quietSQL is the call of the wait function, with the lock's arguments.
-func (t *Target) quietSQL() string {
+// quietCall is the call of the wait function, with the lock's arguments.
+func (t *Target) quietCall() string {
 	n := 2
 	if t.ObjSubID == 2 {
 		n = 3
@@ -97,38 +96,34 @@ func (t *Target) quietSQL() string {
 	return fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, %d::oid, %d::oid, %d::int2, $%d::int4)", t.Args, t.ClassID, t.ObjID, t.ObjSubID, n)
 }
 
-// Watch prepares the session to campaign quietly for t: it creates the
-// wait function (once per session) and listens on t's channel, in one
-// round trip, and reports whether the quiet round is on. It also returns
-// the holder seen now (one pg_locks read per connection), for Leader()
-// before the first notification. When the function cannot be created the
-// session keeps the plain round, and that is no error.
+// Watch prepares the session to campaign quietly for t, with rounds that
+// wait at most wait: it creates the wait function (the first time in the
+// session) and listens on t's channel, in one round trip, and reports
+// whether the quiet round is on. In a second round trip it returns the
+// holder seen now (one pg_locks read per connection), for Leader() before
+// the first notification. When the function cannot be created the session
+// keeps the plain round, and that is no error.
 func (l *Lease) Watch(ctx context.Context, t *Target, wait time.Duration) (quiet bool, holder string, err error) {
-	if !l.quietTried {
+	listen := "LISTEN " + pgx.Identifier{t.Channel()}.Sanitize()
+	switch {
+	case !l.quietTried:
+		// One implicit transaction: when the functions cannot be created,
+		// the LISTEN is rolled back with them.
 		l.quietTried = true
-		_, qerr := l.conn.Exec(ctx, quietFuncs, pgx.QueryExecModeSimpleProtocol)
-		l.quiet = qerr == nil
+		_, qerr := l.conn.Exec(ctx, quietFuncs+"\n"+listen, pgx.QueryExecModeSimpleProtocol)
 		if qerr != nil && ctx.Err() != nil {
 			return false, "", qerr
 		}
-	}
-	if l.quiet {
-		if _, err := l.conn.Exec(ctx, "LISTEN "+pgx.Identifier{t.Channel()}.Sanitize(), pgx.QueryExecModeSimpleProtocol); err != nil {
+		l.quiet = qerr == nil
+	case l.quiet:
+		if _, err := l.conn.Exec(ctx, listen, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return false, "", err
 		}
 	}
-	t.wait = wait
-	var pid, own int32
-	err = l.conn.QueryRow(ctx, t.holderSQL).Scan(&holder, &pid, &own)
-	switch {
-	case err == pgx.ErrNoRows:
-		return l.quiet, "", nil
-	case err != nil:
-		return false, "", Pooling(err)
-	case pid == own:
-		return l.quiet, "", nil
-	case holder == "":
-		holder = "pid " + strconv.Itoa(int(pid))
+	t.wait, t.quietSQL = wait, t.quietCall()
+	holder, _, _, err = scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
+	if err != nil {
+		return false, "", err
 	}
 	return l.quiet, holder, nil
 }
@@ -137,7 +132,7 @@ func (l *Lease) Watch(ctx context.Context, t *Target, wait time.Duration) (quiet
 func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	var code int32
 	args := append(append([]any{}, t.Vals...), int32(max(1, t.wait.Milliseconds())))
-	if err := l.conn.QueryRow(ctx, t.quietSQL(), args...).Scan(&code); err != nil {
+	if err := l.conn.QueryRow(ctx, t.quietSQL, args...).Scan(&code); err != nil {
 		return Round{}, Pooling(err)
 	}
 	rd := Round{Holder: l.notified(t)}
@@ -158,12 +153,10 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 // latest leader announced on t's channel ("" when none).
 func (l *Lease) notified(t *Target) string {
 	latest := ""
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
 	for {
 		// With a done context this returns a buffered notification, or
 		// nothing at once, without touching the connection.
-		n, _ := l.conn.WaitForNotification(done)
+		n, _ := l.conn.WaitForNotification(doneCtx)
 		if n == nil {
 			return latest
 		}
@@ -172,3 +165,10 @@ func (l *Lease) notified(t *Target) string {
 		}
 	}
 }
+
+// doneCtx is a context that has already ended.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
