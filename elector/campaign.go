@@ -73,9 +73,10 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 	}
 }
 
-// campaign runs one campaign round (see lockconn.Lease.Campaign): it looks
-// up the holder, then waits for the lock for at most RenewInterval
-// (lock_timeout), in one round trip. A round that ends in lock_timeout
+// campaign runs one campaign round (see lockconn.Lease.Campaign), in one
+// round trip: a quiet round waits for the lock for followerWait and learns
+// the leader from notifications; the plain round looks up the holder and
+// waits for at most RenewInterval (lock_timeout). A round that ends busy
 // leaves the lock possibly held: the grant can race the timeout, and the
 // next round adopts a lock it finds held (lockconn.Adopt).
 //

@@ -53,7 +53,7 @@ type Elector struct {
 	epoch time.Time
 
 	target    *lockconn.Target
-	roundWait atomic.Int64                             // a follower round's lock wait on the current session
+	roundWait atomic.Int64                             // a quiet follower round's lock wait on this session; 0 for the plain round
 	open      func(ctx context.Context) (lease, error) // openLease, or a script in tests
 
 	ran     atomic.Bool

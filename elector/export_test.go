@@ -1,6 +1,9 @@
 package elector
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Lease is the lease interface, for the scripted tests of package
 // elector_test.
@@ -10,3 +13,6 @@ type Lease = lease
 func UseLease(e *Elector, ls Lease) {
 	e.open = func(context.Context) (lease, error) { return ls, nil }
 }
+
+// FollowerWait is e.followerWait, for its table test.
+func FollowerWait(e *Elector, deadlock time.Duration) time.Duration { return e.followerWait(deadlock) }

@@ -72,6 +72,7 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	}
 	if !quiet {
 		e.log.Warn("follower rounds cannot use their session function (no TEMP privilege, or a read-only session): each round then reads pg_locks, and ends in a lock_timeout error the server logs")
+		wait = 0 // the plain round waits lock_timeout = RenewInterval
 	}
 	e.roundWait.Store(int64(wait))
 	if holder != "" {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
 )
 
 // serverLog returns the throwaway server's log lines so far.
@@ -142,5 +144,29 @@ func TestDefaultRoleIsQuiet(t *testing.T) {
 	r.next("elected", "default-role")
 	if n := logs.FilterMessageSnippet("cannot use their session function").Len(); n != 0 {
 		t.Fatal("fell back with default privileges")
+	}
+}
+
+// A quiet round waits four fifths of the server's deadlock_timeout, so the
+// deadlock detector never runs for it, and at most RenewDeadline.
+func TestFollowerWaitStaysUnderDeadlockTimeout(t *testing.T) {
+	e, err := elector.New(elector.Config{
+		Connect: elector.DSN("postgres://u@127.0.0.1:1/db"), Key: testKey(t),
+		Callbacks:     elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
+		RenewInterval: time.Second, RenewDeadline: 3 * time.Second, LeaseDuration: 6 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ deadlock, want time.Duration }{
+		{time.Second, 800 * time.Millisecond},
+		{100 * time.Millisecond, 80 * time.Millisecond},
+		{10 * time.Second, 3 * time.Second}, // capped at RenewDeadline
+		{0, 3 * time.Second},                // unknown: RenewDeadline
+		{time.Millisecond, time.Millisecond},
+	} {
+		if got := elector.FollowerWait(e, tt.deadlock); got != tt.want {
+			t.Errorf("deadlock_timeout %s: wait %s, want %s", tt.deadlock, got, tt.want)
+		}
 	}
 }

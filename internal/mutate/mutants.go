@@ -148,9 +148,12 @@ var mutants = []mutant{
 		"    IF (pg_try_advisory_lock_shared(a, b) AND pg_advisory_unlock_shared(a, b)) AND EXISTS", "    IF false AND EXISTS",
 		"a grant that raced the quiet round's timeout is left held and unknown (pair keys)"},
 	{"quiet-no-announce", "internal/lockconn/lease.go",
-		"\t\tb.Queue(t.checkSQL)\n\t\tb.Queue(notifySQL, t.Channel())", "\t\tb.Queue(t.checkSQL)\n\t\tb.Queue(`SELECT 1`)",
+		"\tif l.quiet {\n\t\tb.Queue(notifySQL, t.Channel())", "\tif l.quiet {\n\t\tb.Queue(`SELECT 1`)",
 		"a new leader does not announce itself: followers' Leader() goes stale"},
 	{"quiet-function-missing-retried", "internal/lockconn/lockconn.go",
 		"pgErr.Code == undefinedFunction &&", "false &&",
 		"behind transaction pooling, the missing session function is retried instead of reported"},
+	{"quiet-wait-past-deadlock", "elector/lease.go",
+		"w = min(w, deadlock*4/5)", "w = max(w, deadlock*4/5)",
+		"quiet rounds outlast deadlock_timeout, so every round runs the deadlock detector"},
 }
