@@ -481,12 +481,7 @@ func TestDedicatedSessionPerElector(t *testing.T) {
 // target_session_attrs=read-write ends with a leader again, on the promoted
 // standby.
 func TestPrimarySwitch(t *testing.T) {
-	primary := testpg.Start(t)
-	standby, err := primary.NewStandby()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(standby.Close)
+	primary, standby := testpg.StartWithStandby(t)
 	dsn := fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=postgres sslmode=disable connect_timeout=5 target_session_attrs=read-write",
 		primary.Port(), standby.Port())
 	r := newRecorder(t)

@@ -154,12 +154,7 @@ func TestSlowOnNewLeaderDoesNotDelayLeading(t *testing.T) {
 // multi-host DSN with the standby first finds the primary; and once the
 // standby is promoted, its elector leads.
 func TestStandbyNeverLeads(t *testing.T) {
-	primary := testpg.Start(t)
-	standby, err := primary.NewStandby()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(standby.Close)
+	primary, standby := testpg.StartWithStandby(t)
 	r := newRecorder(t)
 	key := testKey(t)
 
@@ -180,7 +175,7 @@ func TestStandbyNeverLeads(t *testing.T) {
 	// One-shot locks refuse the standby too.
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
-	err = lock.TryRun(ctx, leader.DSN(standby.DSN()), leader.KeyFromName(t.Name()+"-once"), lock.Options{},
+	err := lock.TryRun(ctx, leader.DSN(standby.DSN()), leader.KeyFromName(t.Name()+"-once"), lock.Options{},
 		func(context.Context) error { t.Error("TryRun ran on a standby"); return nil })
 	if !errors.Is(err, leader.ErrStandby) {
 		t.Fatalf("TryRun on a standby: %v, want ErrStandby", err)

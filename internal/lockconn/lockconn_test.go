@@ -211,12 +211,7 @@ func TestRenewMatchesWholeTagAndOwnBackend(t *testing.T) {
 // Every layer refuses a hot standby on its own: the session setup, a
 // campaign round (which must lock nothing there), and a renew.
 func TestEveryLayerRefusesAStandby(t *testing.T) {
-	primary := testpg.Start(t)
-	standby, err := primary.NewStandby()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(standby.Close)
+	_, standby := testpg.StartWithStandby(t)
 	ctx := context.Background()
 	settings := lockconn.Settings{Identity: "on-standby", LockTimeout: 100 * time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second}
 	conn, err := standby.Connect(ctx)

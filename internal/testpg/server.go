@@ -54,3 +54,16 @@ func Start(t testing.TB, opts ...Options) *Server {
 	t.Cleanup(s.Close)
 	return s
 }
+
+// StartWithStandby starts a throwaway primary and a streaming standby of
+// it, both stopped at cleanup (the standby first).
+func StartWithStandby(t testing.TB, opts ...Options) (primary, standby *Server) {
+	t.Helper()
+	primary = Start(t, opts...)
+	standby, err := primary.NewStandby()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(standby.Close)
+	return primary, standby
+}
