@@ -52,7 +52,7 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 			e.log.Info("campaigning")
 			e.obs.Campaigning(e.cfg.Key, e.cfg.Identity)
 		}
-		won, sent, err := e.campaign(ctx, ls, &possiblyHeld)
+		won, proven, sent, err := e.campaign(ctx, ls, &possiblyHeld)
 		if err != nil {
 			return err
 		}
@@ -62,7 +62,7 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 		}
 		e.obs.LockWaited(e.cfg.Key, time.Since(campaignStart), true)
 		campaignStart = time.Time{}
-		reason, keepConn := e.lead(ctx, ls, sent)
+		reason, keepConn := e.lead(ctx, ls, sent, proven)
 		if !keepConn {
 			return reason
 		}
@@ -74,16 +74,19 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 }
 
 // campaign runs one campaign round (see lockconn.Lease.Campaign), in one
-// round trip: a quiet round waits for the lock for followerWait and learns
-// the leader from notifications; the plain round looks up the holder and
-// waits for at most RenewInterval (lock_timeout). A round that ends busy
-// leaves the lock possibly held: the grant can race the timeout, and the
-// next round adopts a lock it finds held (lockconn.Adopt).
+// round trip. On a quiet session an heir waits for the lock for
+// followerWait, and a watcher waits idle for a notification or its next
+// poll (at most RenewInterval), then polls; both learn the leader from
+// notifications, and a lock they take is proven this session's in the
+// same round trip. The plain round looks up the holder and waits for at
+// most RenewInterval (lock_timeout). A round that ends busy leaves the
+// lock possibly held: the grant can race the timeout, and the next round
+// adopts a lock it finds held (lockconn.Adopt).
 //
 // The round has a client-side deadline: its lock wait plus RenewDeadline.
 // A proxy that keeps the socket open but forwards nothing ends the round
 // there with ErrConnectionLost, and Run reconnects.
-func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (won bool, sent time.Time, err error) {
+func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (won, proven bool, sent time.Time, err error) {
 	sent = time.Now()
 	wait := max(e.cfg.RenewInterval, time.Duration(e.roundWait.Load()))
 	rctx, cancel := context.WithDeadline(ctx, sent.Add(wait+e.cfg.RenewDeadline))
@@ -94,7 +97,7 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 			err = fmt.Errorf("%w: no answer to a campaign round within its lock wait plus RenewDeadline (%s): %w",
 				leader.ErrConnectionLost, wait+e.cfg.RenewDeadline, err)
 		}
-		return false, sent, err
+		return false, false, sent, err
 	}
 	switch {
 	case r.Free:
@@ -106,14 +109,17 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 	if r.Busy && !r.Held {
 		e.log.Debug("lock busy; campaigning again", zap.String("holder", r.Holder))
 		*possiblyHeld = true
-		return false, sent, nil
+		return false, false, sent, nil
 	}
 	won, err = lockconn.Adopt(r, *possiblyHeld, ls.PID())
 	if err == nil && r.Already {
 		e.log.Info("the last lock wait timed out as the lock was granted; holding it")
 	}
 	*possiblyHeld = false
-	return won, sent, err
+	if !r.Sent.IsZero() {
+		sent = r.Sent // a watcher's round waited idle before its poll
+	}
+	return won, won && r.Proven, sent, err
 }
 
 // errTermStuck: the lock is ours, but the next term could not be installed

@@ -53,7 +53,7 @@ type Elector struct {
 	epoch time.Time
 
 	target    *lockconn.Target
-	roundWait atomic.Int64                             // a quiet follower round's lock wait on this session; 0 for the plain round
+	roundWait atomic.Int64                             // the longest quiet follower round on this session (an heir's lock wait, a watcher's poll interval); 0 for the plain round
 	open      func(ctx context.Context) (lease, error) // openLease, or a script in tests
 
 	ran     atomic.Bool

@@ -20,6 +20,7 @@ type lease interface {
 	Campaign(ctx context.Context, t *lockconn.Target, try bool) (lockconn.Round, error)
 	Confirm(ctx context.Context, t *lockconn.Target) (term int64, err error)
 	Renew(ctx context.Context, t *lockconn.Target) error
+	Announce(ctx context.Context, t *lockconn.Target) error
 	WaitIdle(ctx context.Context, until time.Time) error
 	Unlock(ctx context.Context, t *lockconn.Target) error
 	Close()
@@ -65,12 +66,18 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		}
 	}
 	wait := e.followerWait(ls.DeadlockTimeout())
-	quiet, holder, err := ls.Watch(ctx, e.target, wait)
+	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs}
+	if ls.Major() >= 14 {
+		q.Lease = c.LeaseDuration
+	}
+	quiet, holder, err := ls.Watch(ctx, e.target, q)
 	if err != nil {
 		ls.Close()
 		return nil, fmt.Errorf("session setup: %w", err)
 	}
-	if !quiet {
+	if quiet {
+		wait = max(wait, q.Poll) // a watcher's round lasts up to its poll interval
+	} else {
 		e.log.Warn("follower rounds cannot use their session function (no TEMP privilege, or a read-only session): each round then reads pg_locks, and ends in a lock_timeout error the server logs")
 		wait = 0 // the plain round waits lock_timeout = RenewInterval
 	}
@@ -80,6 +87,16 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	}
 	return ls, nil
 }
+
+// heirs is how many followers of a key queue on its lock; the others
+// watch idle (with no idle_session_timeout, as they hold no lock) and poll
+// every LeaseDuration (see lockconn.Quiet): when the leader and every heir
+// die at once, the next election takes at most that long, no longer than a
+// TTL-based elector with the same lease would take for any failover. Two heirs
+// keep a handover at the speed of a lock grant even when the first heir
+// dies with the leader; only when the leader and both heirs die at once
+// does the election wait for a watcher's poll.
+const heirs = lockconn.DefaultHeirs
 
 // followerWait is how long a quiet follower round waits for the lock: below
 // the server's deadlock_timeout (four fifths of it), so that the deadlock

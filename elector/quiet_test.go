@@ -2,6 +2,7 @@ package elector_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -169,4 +170,47 @@ func TestFollowerWaitStaysUnderDeadlockTimeout(t *testing.T) {
 			t.Errorf("deadlock_timeout %s: wait %s, want %s", tt.deadlock, got, tt.want)
 		}
 	}
+}
+
+// Only the heirs queue on the lock; the other followers watch idle. When
+// the leader and both heirs lose their sessions at once, a watcher's poll
+// (every LeaseDuration) still elects a leader, and only one.
+func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	var els []*running
+	for i := 1; i <= 5; i++ {
+		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: fmt.Sprintf("w-%d", i), deadline: 1500 * time.Millisecond, lease: 2 * time.Second}))
+	}
+	first := r.next("elected", "")
+	conn, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var h leader.HolderInfo
+	eventually(t, "two heirs queue on the lock", func() (bool, string) {
+		h, err = leader.Holder(ctx, conn, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(h.Waiters) == 2, fmt.Sprintf("%d waiters", len(h.Waiters))
+	})
+	// The waiters stay two: the other two followers watch.
+	waitRounds(t, els, 2)
+	if h, _ = leader.Holder(ctx, conn, key); len(h.Waiters) != 2 {
+		t.Fatalf("%d sessions queue on the lock, want the 2 heirs", len(h.Waiters))
+	}
+	pids := []uint32{h.Holder.PID}
+	for _, w := range h.Waiters {
+		pids = append(pids, w.PID)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM unnest($1::int4[]) pid", pids); err != nil {
+		t.Fatal(err)
+	}
+	r.next("demoted", first.id)
+	next := r.next("elected", "")
+	t.Logf("after the leader %s and both heirs lost their sessions, %s was elected", first.id, next.id)
 }

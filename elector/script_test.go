@@ -100,6 +100,20 @@ func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
 	return err
 }
 
+// Announce is a renew that also notifies followers; it takes its answer
+// from the renews script too.
+func (s *scriptLease) Announce(ctx context.Context, t *lockconn.Target) error {
+	s.record("announce")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.renews) == 0 {
+		return nil
+	}
+	err := s.renews[0]
+	s.renews = s.renews[1:]
+	return err
+}
+
 func (s *scriptLease) WaitIdle(ctx context.Context, until time.Time) error {
 	select {
 	case <-ctx.Done():

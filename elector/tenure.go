@@ -43,10 +43,16 @@ func (w window) closes() time.Time { return w.lastOK.Add(w.deadline) }
 type tenureKey struct{}
 
 // lead runs one tenure, from the lock being granted to the demotion:
-// begin, hold, step down. It reports the reason, and whether the connection
-// is still fit for use.
-func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time) (reason error, keepConn bool) {
-	vsent, term, err := e.confirm(ls, sent)
+// begin, announce, hold, step down. A grant the campaign round proved
+// (proven: the session's own backend took it, in that round trip) needs no
+// confirm unless a fencing term must be installed; the trust window then
+// runs from when that round was sent. It reports the reason, and whether
+// the connection is still fit for use.
+func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven bool) (reason error, keepConn bool) {
+	vsent, term, err := sent, int64(0), error(nil)
+	if !proven || e.cfg.Fencing.Enabled {
+		vsent, term, err = e.confirm(ls, sent)
+	}
 	if errors.Is(err, errTermStuck) {
 		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
 			zap.String("table", e.cfg.Fencing.Table))
@@ -56,7 +62,11 @@ func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time) (reason er
 		return err, false
 	}
 	t := e.begin(ctx, ls.PID(), term, vsent, sent)
-	reason = e.hold(t, ls)
+	// The first renew announces the new leader to the followers: after
+	// OnElected started, as the notification wakes every one of them.
+	if reason = e.renew(t, ls, true, true); reason == nil {
+		reason = e.hold(t, ls)
+	}
 	return e.stepDown(ctx, ls, t, reason)
 }
 
@@ -115,20 +125,26 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 		case werr != nil:
 			return werr
 		}
-		if err := e.renew(t, ls, true); err != nil {
+		if err := e.renew(t, ls, true, false); err != nil {
 			return err
 		}
 	}
 }
 
-// renew proves that this session's backend still holds the lock. The check
-// must answer within the trust window, RenewDeadline from when the last
-// successful renew was sent; a successful one moves the window to its own
-// send time. While leading (not draining) it also extends IsLeader.
-func (e *Elector) renew(t *tenure, ls lease, leading bool) error {
+// renew proves that this session's backend still holds the lock (with
+// announce, it also announces the leader; see lockconn.Lease.Announce).
+// The check must answer within the trust window, RenewDeadline from when
+// the last successful renew was sent; a successful one moves the window to
+// its own send time. While leading (not draining) it also extends IsLeader.
+func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 	rsent := time.Now()
 	rctx, cancel := context.WithDeadline(context.Background(), t.trust.closes())
-	err := ls.Renew(rctx, e.target)
+	var err error
+	if announce {
+		err = ls.Announce(rctx, e.target)
+	} else {
+		err = ls.Renew(rctx, e.target)
+	}
 	cancel()
 	if err != nil {
 		return err
@@ -233,7 +249,7 @@ func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
 		case werr != nil:
 			return werr
 		}
-		if err := e.renew(t, ls, false); err != nil {
+		if err := e.renew(t, ls, false, false); err != nil {
 			return err
 		}
 	}

@@ -336,6 +336,14 @@ func TestMetrics(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": "connection_lost"}); v != 1 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "pgleader_demotions_total" || mf.GetName() == "pgleader_elections_total" {
+				for _, m := range mf.GetMetric() {
+					t.Log(mf.GetName(), m.GetLabel(), value(m))
+				}
+			}
+		}
 		t.Fatalf("demotions{connection_lost} %v", v)
 	}
 	if v := metricValue(t, reg, "pgleader_reconnects_total", el); v < 1 {

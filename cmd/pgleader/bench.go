@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/fleet"
+	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/pgtemp"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -59,13 +60,13 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		`  pgleader bench                                   # every scenario on a throwaway PostgreSQL
   pgleader bench --scenarios resign,kill --runs 100
   pgleader bench --dsn "$DATABASE_URL" --scenarios resign,kill,backend --json
-Scenarios: resign kill backend partition pause restart crowd idle dbload
-(not in the default list: it takes minutes). partition,
+Scenarios: resign kill backend partition pause restart crowd freshness idle
+dbload (not in the default list: it takes minutes). partition,
 pause and idle put a TCP proxy in front of the server; restart needs the
 throwaway server.
 `, stderr)
 	runs := fs.Int("runs", 20, "runs per scenario")
-	scen := fs.String("scenarios", "resign,kill,backend,partition,pause,restart,crowd,idle", "comma-separated scenarios")
+	scen := fs.String("scenarios", "resign,kill,backend,partition,pause,restart,crowd,freshness,idle", "comma-separated scenarios")
 	crowd := fs.Int("crowd", 200, "candidates in the crowd scenario")
 	crowdRuns := fs.Int("crowd-runs", 10, "runs per crowd handover kind")
 	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
@@ -74,6 +75,7 @@ throwaway server.
 	loadSizes := fs.String("dbload-sizes", "3,20,200", "fleet sizes of the dbload scenario (electors on one key, in this process)")
 	loadWindow := fs.Duration("dbload-window", 20*time.Second, "how long dbload measures each fleet's server CPU and log lines")
 	loadPairs := fs.Int("dbload-pairs", 5, "alternated pgbench pairs (without, with the fleet) per fleet size")
+	loadLeaders := fs.Int("dbload-leaders", 200, "leaders, each on a key of its own, for dbload's renew cost (0: skip)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,7 +92,7 @@ throwaway server.
 		}
 		sizes = append(sizes, n)
 	}
-	maxConns := max(*crowd, slices.Max(sizes)) + 40
+	maxConns := max(*crowd, slices.Max(sizes), *loadLeaders) + 40
 	return withDatabase(*dsn, progress, pgtemp.Options{MaxConnections: maxConns}, func(dsn string, srv *pgtemp.Server) error {
 		ctx := context.Background()
 		admin, err := pgx.Connect(ctx, dsn)
@@ -119,8 +121,10 @@ throwaway server.
 				}
 			case "idle":
 				err = b.idle(*idle)
+			case "freshness":
+				err = b.freshness(*crowd, *crowdRuns)
 			case "dbload":
-				err = b.dbload(sizes, *loadWindow, *loadPairs)
+				err = b.dbload(sizes, *loadLeaders, *loadWindow, *loadPairs)
 			default:
 				return usageError{fmt.Sprintf("unknown scenario %q", s)}
 			}
@@ -165,65 +169,168 @@ func (b *bencher) name(prefix string) string {
 	return fmt.Sprintf("pgleader-bench-%s-%d-%d", prefix, os.Getpid(), b.seq)
 }
 
-// handover measures resign, kill and backend handovers with n candidates.
-func (b *bencher) handover(kind string, n, runs int) error {
+// handoverFleet is n candidate processes on one key, handing it over
+// again and again.
+type handoverFleet struct {
+	b      *bencher
+	kind   string
+	n      int
+	queued int // waiters in pg_locks before each run: the heirs, or every bare waiter
+	key    leader.Key
+	o      fleet.Options
+	f      *fleet.Fleet
+	next   int
+	cur    fleet.Event
+}
+
+// newHandoverFleet starts n candidates (bare: pg_advisory_lock waiters,
+// the reference) and waits for the first election.
+func (b *bencher) newHandoverFleet(kind string, n int, bare bool) (*handoverFleet, error) {
 	name := b.name(kind)
-	key := leader.KeyFromName(name)
-	f := fleet.New(b.exe)
-	defer f.StopAll()
-	next := 0
-	add := func() error {
-		next++
-		o := fleet.Options{DSN: b.dsn, Key: name, ID: fmt.Sprintf("c%d", next)}
-		if strings.HasPrefix(kind, "crowd") {
-			o.Interval, o.Deadline, o.Lease = b.crowd.Interval, b.crowd.Deadline, b.crowd.Lease
-		}
-		_, err := f.Add(o)
-		return err
+	h := &handoverFleet{b: b, kind: kind, n: n, key: leader.KeyFromName(name), f: fleet.New(b.exe),
+		o: fleet.Options{DSN: b.dsn, Key: name, Bare: bare}, queued: min(n-1, lockconn.DefaultHeirs)}
+	if bare {
+		h.queued = n - 1
+	}
+	if strings.HasPrefix(kind, "crowd") {
+		h.o.Interval, h.o.Deadline, h.o.Lease = b.crowd.Interval, b.crowd.Deadline, b.crowd.Lease
 	}
 	for i := 0; i < n; i++ {
-		if err := add(); err != nil {
-			return err
+		if err := h.add(); err != nil {
+			h.f.StopAll()
+			return nil, err
 		}
 	}
-	cur, err := f.Next("elected", time.Minute)
+	var err error
+	if h.cur, err = h.f.Next("elected", time.Minute); err != nil {
+		h.f.StopAll()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *handoverFleet) add() error {
+	h.next++
+	o := h.o
+	o.ID = fmt.Sprintf("c%d", h.next)
+	_, err := h.f.Add(o)
+	return err
+}
+
+// once hands the key over once and returns how long it took, in ms: from
+// the resign command, the SIGKILL or pg_terminate_backend to the next
+// candidate's "elected".
+func (h *handoverFleet) once(kind string) (took float64, err error) {
+	b := h.b
+	if err := waitQueued(context.Background(), b.admin, h.key, h.queued); err != nil {
+		return 0, err
+	}
+	if !h.o.Bare {
+		if err := waitStanding(context.Background(), b.admin, h.key, h.n); err != nil {
+			return 0, err
+		}
+	}
+	began := fleet.Mono()
+	switch kind {
+	case "resign", "crowd-resign":
+		err = h.f.Get(h.cur.Identity).Send("resign")
+	case "kill", "crowd-kill":
+		c := h.f.Get(h.cur.Identity)
+		h.f.Remove(h.cur.Identity)
+		began = fleet.Mono()
+		err = c.Signal(syscall.SIGKILL)
+		// The replacement starts after the handover, so that its start
+		// does not compete with it for the CPU.
+		defer func() {
+			if err == nil {
+				err = h.add()
+			}
+		}()
+	case "backend":
+		_, err = b.admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", h.cur.Identity)
+	}
+	if err != nil {
+		return 0, err
+	}
+	nxt, err := h.f.Next("elected", time.Minute, h.cur.Identity)
+	if err != nil {
+		return 0, err
+	}
+	h.cur = nxt
+	return ms(nxt.Mono - began), nil
+}
+
+// waitStanding waits until n candidates of key stand by: they hold its
+// roster lock (see lockconn.Quiet), connected and set up.
+func waitStanding(ctx context.Context, conn *pgx.Conn, key leader.Key, n int) error {
+	roster := lockconn.NewTarget(key, "", "", "").Roster()
+	deadline := time.Now().Add(demoTimeout)
+	for {
+		var got int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 AND granted`,
+			uint32(lockconn.HeirClass), uint32(roster)).Scan(&got)
+		if err != nil {
+			return err
+		}
+		if got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d candidates stand by after %s", got, n, demoTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// handover measures resign, kill and backend handovers with n candidates.
+// A resign with 3 candidates alternates, run by run, with the same handover
+// between bare pg_advisory_lock waiters, the speed of a lock grant itself,
+// and reports the ratio of the two medians.
+func (b *bencher) handover(kind string, n, runs int) error {
+	h, err := b.newHandoverFleet(kind, n, false)
 	if err != nil {
 		return err
 	}
-	var vals []float64
+	defer h.f.StopAll()
+	var ref *handoverFleet
+	if kind == "resign" {
+		if ref, err = b.newHandoverFleet("bare-"+kind, n, true); err != nil {
+			return err
+		}
+		defer ref.f.StopAll()
+	}
+	var vals, refVals []float64
 	for run := 0; run < runs; run++ {
-		if err := waitQueued(context.Background(), b.admin, key, n-1); err != nil {
+		v, err := h.once(kind)
+		if err != nil {
 			return err
 		}
-		began := fleet.Mono()
-		switch kind {
-		case "resign", "crowd-resign":
-			err = f.Get(cur.Identity).Send("resign")
-		case "kill", "crowd-kill":
-			c := f.Get(cur.Identity)
-			f.Remove(cur.Identity)
-			began = fleet.Mono()
-			err = c.Signal(syscall.SIGKILL)
-			if err == nil {
-				err = add()
+		vals = append(vals, v)
+		if ref != nil {
+			v, err := ref.once(kind)
+			if err != nil {
+				return fmt.Errorf("bare reference: %w", err)
 			}
-		case "backend":
-			_, err = b.admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", cur.Identity)
+			refVals = append(refVals, v)
 		}
-		if err != nil {
-			return err
-		}
-		nxt, err := f.Next("elected", time.Minute, cur.Identity)
-		if err != nil {
-			return err
-		}
-		vals = append(vals, ms(nxt.Mono-began))
-		cur = nxt
 	}
 	target := map[string]string{"resign": "p99 <= 5", "kill": "p99 <= 50", "backend": "p99 <= 50",
-		"crowd-resign": "p99 <= 10", "crowd-kill": "p99 <= 100"}[kind]
+		"crowd-resign": "p99 <= 5", "crowd-kill": "p99 <= 50"}[kind]
 	b.add(kind, fmt.Sprintf("handover (%d candidates)", n), "ms", target, vals)
+	if ref != nil {
+		b.add(kind, fmt.Sprintf("bare pg_advisory_lock (%d waiters, reference)", n), "ms", "", refVals)
+		b.add(kind, "p50 / bare p50", "x", "<= 1.2", []float64{median(vals) / median(refVals)})
+	}
 	return nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
 }
 
 // proxyDSN points dsn at addr instead of its own host and port.

@@ -22,6 +22,7 @@ func cmdCandidate(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.Lease, "lease", 0, "lease")
 	fs.BoolVar(&o.Fencing, "fencing", false, "fencing terms")
 	fs.BoolVar(&o.Renews, "renews", false, "report every renew")
+	fs.BoolVar(&o.Bare, "bare", false, "no elector: a bare pg_advisory_lock waiter (the bench's reference)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

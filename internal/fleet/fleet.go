@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -36,6 +38,10 @@ type Options struct {
 	// Renews makes the candidate report every successful renew ("renewed",
 	// stamped with when the renew was sent).
 	Renews bool
+	// Bare runs no elector: the candidate waits in a bare
+	// pg_advisory_lock, reports "elected" when it returns, and unlocks on
+	// "resign". The bench's reference for the speed of a lock grant.
+	Bare bool
 }
 
 // Args renders o as the candidate subcommand's arguments.
@@ -50,6 +56,9 @@ func (o Options) Args() []string {
 	if o.Renews {
 		a = append(a, "--renews")
 	}
+	if o.Bare {
+		a = append(a, "--bare")
+	}
 	return a
 }
 
@@ -57,6 +66,9 @@ func (o Options) Args() []string {
 // ends. It writes events to out and reads "resign" and "exit" from in.
 func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) error {
 	em := NewEmitter(out)
+	if o.Bare {
+		return runBare(ctx, o, in, em)
+	}
 	cfg := elector.Config{
 		Connect:  elector.DSN(o.DSN),
 		Key:      leader.KeyFromName(o.Key),
@@ -275,5 +287,53 @@ func (f *Fleet) Next(ev string, timeout time.Duration, skip ...string) (Event, e
 		case <-t.C:
 			return Event{}, fmt.Errorf("%w: %q", ErrTimeout, ev)
 		}
+	}
+}
+
+// runBare is a candidate without an elector (Options.Bare): a session that
+// waits in pg_advisory_lock with no timeout and no checks, the fastest a
+// lock can change hands.
+func runBare(ctx context.Context, o Options, in io.Reader, em *Emitter) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, o.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	args, vals := leader.KeyFromName(o.Key).SQLArgs(1)
+	resign := make(chan struct{}, 1)
+	go func() {
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			switch sc.Text() {
+			case "resign":
+				select {
+				case resign <- struct{}{}:
+				default:
+				}
+			case "exit":
+				cancel()
+				return
+			}
+		}
+		cancel()
+	}()
+	em.Emit(Event{Ev: "started", Identity: o.ID, Data: strconv.Itoa(os.Getpid())})
+	for term := int64(1); ; term++ {
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+			em.Emit(Event{Ev: "exited", Identity: o.ID, Err: fmt.Sprint(ctx.Err())})
+			return nil
+		}
+		em.Emit(Event{Ev: "elected", Identity: o.ID, Term: term})
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-resign:
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock("+args+")", vals...); err != nil {
+			return err
+		}
+		em.Emit(Event{Ev: "demoted", Identity: o.ID, Term: term, Err: "resigned"})
 	}
 }

@@ -20,10 +20,10 @@ var ErrTermBusy = errors.New("pgleader: fencing term row busy")
 type Target struct {
 	Tag
 	holderSQL, waitSQL, trySQL, checkSQL string
+	unlockSQL                            string // a quiet session's unlock
 	bumpSQL                              string // "" without fencing
 	bumpArgs                             []any
-	wait                                 time.Duration // a quiet round's lock wait; see Lease.Watch
-	quietSQL                             string        // the quiet round's call, built by Watch
+	quiet                                *quietState // the quiet campaign on the current session; see Lease.Watch
 }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
@@ -35,6 +35,7 @@ func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
 	t.waitSQL = t.AcquireSQL("pg_advisory_lock")
 	t.trySQL = t.AcquireSQL("pg_try_advisory_lock")
 	t.checkSQL = t.CheckSQL()
+	t.unlockSQL = "SELECT pg_advisory_unlock(" + t.Args + "), set_config('idle_session_timeout', '0', false)"
 	if bumpSQL != "" {
 		t.bumpSQL = bumpSQL
 		t.bumpArgs = []any{t.ClassID, t.ObjID, t.ObjSubID, keyName, identity}
@@ -60,6 +61,13 @@ type Round struct {
 	Already bool
 	// Held: this session's backend holds the lock after the round.
 	Held bool
+	// Proven: the round itself showed that the session's own backend (its
+	// pid and token) holds the lock, so no separate check is needed.
+	Proven bool
+	// Sent is when the round's statement was sent (a watcher's round
+	// first waits idle for its poll): a trust window that a Proven round
+	// opens runs from then.
+	Sent time.Time
 }
 
 // Lease is one dedicated session that campaigns for, confirms, renews and
@@ -101,7 +109,7 @@ func (l *Lease) Conn() *pgx.Conn { return l.conn }
 // a lock the backend already holds and never takes one on a standby
 // (ErrStandby). A lock_timeout is not an error: it reads as Busy.
 func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error) {
-	if l.quiet && !try && t.wait > 0 {
+	if t.quiet != nil && !try {
 		return l.quietCampaign(ctx, t)
 	}
 	b := &pgx.Batch{}
@@ -111,9 +119,9 @@ func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error
 		sql = t.trySQL
 	}
 	b.Queue(sql, t.Vals...)
+	rd := Round{Sent: time.Now()}
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
-	var rd Round
 	var err error
 	if rd.Holder, rd.HolderPID, rd.Free, err = scanHolder(br.QueryRow()); err != nil {
 		return rd, err
@@ -170,37 +178,25 @@ func Adopt(r Round, possiblyHeld bool, pid uint32) (won bool, err error) {
 // own backend holds it (which also catches a transaction-pooling proxy:
 // ErrTransactionPooling), and with fencing installs the next term in the
 // same round trip. A term row locked by an earlier leader's transaction
-// gives ErrTermBusy; the caller may try again. A session that campaigns
-// quietly also announces itself on the lock's channel (NOTIFY) in that
-// round trip.
+// gives ErrTermBusy; the caller may try again.
 func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) {
 	defer func() {
 		if errors.Is(err, ErrLockLost) {
 			err = fmt.Errorf("%w: the lock just taken is missing from pg_locks", ErrTransactionPooling)
 		}
 	}()
-	if t.bumpSQL == "" && !l.quiet {
+	if t.bumpSQL == "" {
 		return 0, l.Renew(ctx, t)
 	}
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
-	if t.bumpSQL != "" {
-		b.Queue(t.bumpSQL, t.bumpArgs...)
-	}
-	if l.quiet {
-		b.Queue(notifySQL, t.Channel())
-	}
+	b.Queue(t.bumpSQL, t.bumpArgs...)
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
 		return 0, err
 	}
-	if t.bumpSQL != "" {
-		err = br.QueryRow().Scan(&term)
-	}
-	if err == nil && l.quiet {
-		_, err = br.Exec()
-	}
+	err = br.QueryRow().Scan(&term)
 	switch {
 	case IsLockTimeout(err):
 		br.Close()
@@ -211,9 +207,31 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 	return term, br.Close()
 }
 
-// notifySQL announces a new leader on its lock's channel; it is sent with
-// the confirm, in the same round trip, and delivered when that commits.
+// notifySQL announces a new leader on its lock's channel.
 const notifySQL = `SELECT pg_notify($1, current_setting('application_name'))`
+
+// Announce is a Renew that also announces this session as t's leader on
+// t's channel (when the session campaigns quietly, so followers listen),
+// in the same round trip. A new leader sends it once OnElected has
+// started, off the handover's critical path: the notification wakes every
+// listening follower's backend.
+func (l *Lease) Announce(ctx context.Context, t *Target) error {
+	if t.quiet == nil {
+		return l.Renew(ctx, t)
+	}
+	b := &pgx.Batch{}
+	b.Queue(t.checkSQL)
+	b.Queue(notifySQL, t.Channel())
+	br := l.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
+		return err
+	}
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	return br.Close()
+}
 
 // Renew asks whether this session's backend holds the lock: nil when it
 // does. ctx's deadline is the trust window: past it the error is
@@ -228,9 +246,21 @@ func (l *Lease) WaitIdle(ctx context.Context, until time.Time) error {
 }
 
 // Unlock releases the lock once; it fails (ErrLockLost) when the lock was
-// not held.
+// not held. A quiet session that holds nothing then turns its
+// idle_session_timeout off in the same statement (see Quiet.Lease): it
+// goes back to watching.
 func (l *Lease) Unlock(ctx context.Context, t *Target) error {
-	return Unlock(ctx, l.conn, t.Tag)
+	if t.quiet == nil || t.quiet.Lease <= 0 || t.quiet.heir >= 0 {
+		return Unlock(ctx, l.conn, t.Tag)
+	}
+	var ok bool
+	if err := l.conn.QueryRow(ctx, t.unlockSQL, append([]any{pgx.QueryExecModeExec}, t.Vals...)...).Scan(&ok, new(string)); err != nil {
+		return err
+	}
+	if !ok {
+		return ErrLockLost
+	}
+	return nil
 }
 
 // Close ends the session, which frees every lock it holds.

@@ -41,8 +41,8 @@ const (
 	// transaction-pooling proxy.
 	duplicatePreparedStatement = "42P05"
 	invalidSQLStatementName    = "26000"
-	// The session's own pg_temp function is missing: the statement ran on
-	// another backend.
+	// The session's own pg_temp functions are missing: the statement ran
+	// on another backend.
 	undefinedFunction = "42883"
 )
 
@@ -243,7 +243,7 @@ func Pooling(err error) error {
 	if errors.As(err, &pgErr) && (pgErr.Code == duplicatePreparedStatement || pgErr.Code == invalidSQLStatementName) {
 		return fmt.Errorf("%w: prepared statements vanish or collide: %w", ErrTransactionPooling, err)
 	}
-	if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction && strings.Contains(pgErr.Message, "pgleader_wait") {
+	if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction && strings.Contains(pgErr.Message, "pg_temp.pgleader_") {
 		return fmt.Errorf("%w: this session's own function is missing, so the statement ran on another backend: %w", ErrTransactionPooling, err)
 	}
 	return err

@@ -264,7 +264,7 @@ func TestQuietRoundNeverStacks(t *testing.T) {
 	defer ls.Close()
 	for _, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(3, 4)} {
 		target := lockconn.NewTarget(key, "", "", "")
-		quiet, _, err := ls.Watch(ctx, target, 200*time.Millisecond)
+		quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 200 * time.Millisecond, Poll: 50 * time.Millisecond, Heirs: 2})
 		if err != nil || !quiet {
 			t.Fatalf("Watch: quiet %v, %v", quiet, err)
 		}
@@ -314,7 +314,7 @@ func TestHolderLookupIgnoresWaiters(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, seen, err := ls.Watch(ctx, target, time.Millisecond)
+		_, seen, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: time.Millisecond, Poll: time.Second, Heirs: 2})
 		if err != nil || seen != fmt.Sprintf("holder-%d", k) {
 			t.Fatalf("holder lookup: %q (%v), want holder-%d", seen, err, k)
 		}
@@ -334,6 +334,7 @@ func TestPoolingSymptoms(t *testing.T) {
 		{&pgconn.PgError{Code: "26000", Message: `prepared statement "x" does not exist`}, true},
 		{&pgconn.PgError{Code: "42P05", Message: `prepared statement "x" already exists`}, true},
 		{&pgconn.PgError{Code: "42883", Message: "function pg_temp.pgleader_wait(bigint, oid, oid, smallint, integer) does not exist"}, true},
+		{&pgconn.PgError{Code: "42883", Message: "function pg_temp.pgleader_poll(bigint, oid, oid, smallint, integer, text, integer[]) does not exist"}, true},
 		{&pgconn.PgError{Code: "42883", Message: "function other_function() does not exist"}, false},
 		{&pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}, false},
 	} {
@@ -343,4 +344,146 @@ func TestPoolingSymptoms(t *testing.T) {
 			t.Errorf("Pooling(%v) = %v; want pooling %v with the cause kept", tt.err, err, tt.pooling)
 		}
 	}
+}
+
+// A quiet fleet queues only its heirs on the lock: with two heir slots and
+// four followers, two wait in pg_locks and two watch idle, and every one of
+// them holds the roster lock. When the leader releases, an heir takes the
+// lock in its own round trip (proven) and frees its slot, which a watcher
+// takes at its next poll.
+func TestQuietHeirsAndWatchers(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	q := lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 30 * time.Second}
+	type member struct {
+		ls *lockconn.Lease
+		t  *lockconn.Target
+	}
+	var ms []member
+	for i := 0; i < 5; i++ {
+		conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: fmt.Sprintf("heirs-%d", i), LockTimeout: time.Second, Lease: 30 * time.Second, KeepIdle: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ls.Close()
+		target := lockconn.NewTarget(key, "", "", "")
+		if quiet, _, err := ls.Watch(ctx, target, q); err != nil || !quiet {
+			t.Fatalf("Watch: %v %v", quiet, err)
+		}
+		ms = append(ms, member{ls, target})
+	}
+	// The first poll of the first member takes the free lock.
+	r, err := ms[0].ls.Campaign(ctx, ms[0].t, false)
+	if err != nil || !r.Held || !r.Proven {
+		t.Fatalf("first poll on a free lock: %+v %v", r, err)
+	}
+	// The others poll: two of them take the slots.
+	heirs := 0
+	for _, m := range ms[1:] {
+		r, err := m.ls.Campaign(ctx, m.t, false)
+		if err != nil || r.Held || !r.Busy {
+			t.Fatalf("poll: %+v %v", r, err)
+		}
+		if m.ls.Heir(m.t) {
+			heirs++
+		}
+	}
+	if heirs != 2 {
+		t.Fatalf("%d heirs, want 2", heirs)
+	}
+	// A session that holds a lock or a slot has the server-side lease; a
+	// watcher, which holds neither, runs without it.
+	for i, m := range ms {
+		if m.ls.Major() < 14 {
+			break
+		}
+		var got string
+		if err := m.ls.Conn().QueryRow(ctx, "SHOW idle_session_timeout").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: "30s", false: "0"}[i == 0 || m.ls.Heir(m.t)]; got != want {
+			t.Errorf("member %d (heir %v): idle_session_timeout %s, want %s", i, m.ls.Heir(m.t), got, want)
+		}
+	}
+	// The heirs wait on the lock; pg_locks shows them, the roster shows
+	// all five.
+	won := make(chan int, len(ms))
+	stopCtx, stopAll := context.WithCancel(ctx)
+	stop := stopCtx.Done()
+	var wg sync.WaitGroup
+	for i, m := range ms[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rctx, cancel := context.WithTimeout(stopCtx, 10*time.Second)
+				r, err := m.ls.Campaign(rctx, m.t, false)
+				cancel()
+				if err != nil {
+					select {
+					case <-stop: // the test closed the session
+					default:
+						t.Error(err)
+					}
+					return
+				}
+				if r.Held {
+					if !r.Proven || m.ls.Heir(m.t) {
+						t.Errorf("member %d won: %+v, heir %v", i+1, r, m.ls.Heir(m.t))
+					}
+					won <- i + 1
+					return
+				}
+			}
+		}()
+	}
+	admin, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	count := func(sql string, args ...any) int {
+		var n int
+		if err := admin.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	c, o, s := key.LockTag()
+	deadline := time.Now().Add(30 * time.Second)
+	for count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=$3 AND NOT granted`, c, o, s) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two heirs never queued on the lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=2 AND mode='ShareLock' AND granted`,
+		uint32(lockconn.HeirClass), uint32(ms[0].t.Roster())); n != 5 {
+		t.Fatalf("roster: %d sessions, want 5", n)
+	}
+	if err := ms[0].ls.Unlock(ctx, ms[0].t); err != nil {
+		t.Fatal(err)
+	}
+	w := <-won
+	// The winner's slot is free again: a watcher takes it, so two heirs
+	// queue again.
+	deadline = time.Now().Add(30 * time.Second)
+	for count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=$3 AND NOT granted`, c, o, s) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after member %d won, the heirs were not replenished", w)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopAll()
+	wg.Wait()
+	ms[w].ls.Unlock(ctx, ms[w].t)
 }
