@@ -1,9 +1,22 @@
 package lockconn
 
-import "github.com/jackc/pgx/v5"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // UnsafeLease makes a Lease on conn without Open's setup (and its standby
 // check), so that a test can prove each later layer on its own.
 func UnsafeLease(conn *pgx.Conn) *Lease {
 	return &Lease{conn: conn, sess: Session{PID: conn.PgConn().PID(), Major: ServerMajor(conn)}}
+}
+
+// TakeSlot makes the session t's heir on slot i, as a poll would.
+func (l *Lease) TakeSlot(t *Target, i int) error {
+	if _, err := l.conn.Exec(context.Background(), "SELECT pg_advisory_lock($1::int4, $2::int4)", HeirClass, t.quiet.slots[i]); err != nil {
+		return err
+	}
+	t.quiet.heir = i
+	return nil
 }

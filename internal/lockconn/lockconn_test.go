@@ -274,7 +274,16 @@ func TestQuietRoundNeverStacks(t *testing.T) {
 		}
 		r, err = ls.Campaign(ctx, target, false)
 		if err != nil || !r.Already {
-			t.Fatalf("second quiet round on a held lock: %+v %v, want Already", r, err)
+			t.Fatalf("second quiet round (a poll) on a held lock: %+v %v, want Already", r, err)
+		}
+		// An heir's round (the lock wait) on a held lock: the same, and it
+		// gives its slot back.
+		if err := ls.TakeSlot(target, 0); err != nil {
+			t.Fatal(err)
+		}
+		r, err = ls.Campaign(ctx, target, false)
+		if err != nil || !r.Already || !r.Proven || ls.Heir(target) {
+			t.Fatalf("an heir's round on a held lock: %+v %v (heir %v), want Already", r, err, ls.Heir(target))
 		}
 		if err := ls.Unlock(ctx, target); err != nil {
 			t.Fatal(err)
