@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -326,5 +328,58 @@ while :; do sleep 0.1; done`
 	}
 	if err := victim.Wait(); err != nil {
 		t.Fatalf("the stopped supervisor: %v", err)
+	}
+}
+
+// status shows an election's standing candidates: the leader, the two heirs
+// queued on the lock, and the watchers from the key's roster, and none of
+// pgleader's own roster and slot locks as locks of their own.
+func TestStatusShowsWatchers(t *testing.T) {
+	s := server(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	key := leader.KeyFromName("status-watchers")
+	done := make(chan struct{}, 5)
+	for i := 0; i < 5; i++ {
+		e, err := elector.New(elector.Config{Connect: elector.DSN(s.DSN()), Key: key, Identity: fmt.Sprintf("sw-%d", i),
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { e.Run(ctx); done <- struct{}{} }()
+	}
+	defer func() {
+		cancel()
+		for i := 0; i < 5; i++ {
+			<-done
+		}
+	}()
+	deadline := time.Now().Add(waitLong)
+	for {
+		code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json", "--name", "status-watchers")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, out)
+		}
+		var locks []lockStatus
+		if err := json.Unmarshal([]byte(out), &locks); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		for _, l := range locks {
+			if strings.HasPrefix(l.Key, fmt.Sprint(uint32(lockconn.HeirClass))) {
+				t.Fatalf("pgleader's own lock listed: %s", out)
+			}
+		}
+		for _, l := range locks {
+			if l.Name == "status-watchers" && l.Holder != nil && len(l.Waiters) == 2 && len(l.Watching) == 2 {
+				_, table := cli(t, nil, "status", "--dsn", s.DSN(), "--name", "status-watchers")
+				if !strings.Contains(table, "+2 watching") {
+					t.Fatalf("table: %s", table)
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never 1 leader, 2 heirs and 2 watchers: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -25,7 +25,10 @@ type lockStatus struct {
 	Name    string          `json:"name,omitempty"`
 	Holder  *sessionStatus  `json:"holder"`
 	Waiters []sessionStatus `json:"waiters"`
-	Term    int64           `json:"term,omitempty"`
+	// Watching are the candidates that stand by without queueing (an
+	// elector's watchers, seen in the key's roster; see lockconn.Quiet).
+	Watching []sessionStatus `json:"watching"`
+	Term     int64           `json:"term,omitempty"`
 }
 
 type sessionStatus struct {
@@ -115,7 +118,7 @@ func readStatus(ctx context.Context, conn *pgx.Conn, table string, known map[str
 		waitstart = "l.waitstart"
 	}
 	rows, err := conn.Query(ctx, `SELECT l.classid, l.objid, l.objsubid, l.granted, l.pid,
-  coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start, `+waitstart+`
+  coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start, `+waitstart+`, l.mode
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid())
 ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`)
@@ -124,6 +127,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 	}
 	defer rows.Close()
 	byKey := map[leader.Key]*lockStatus{}
+	rosters := map[int32][]sessionStatus{}
 	var order []*lockStatus
 	for rows.Next() {
 		var classid, objid uint32
@@ -132,8 +136,19 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 		var pid int32
 		var s sessionStatus
 		var start, wait *time.Time
-		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait); err != nil {
+		var mode string
+		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait, &mode); err != nil {
 			return nil, err
+		}
+		s.PID = uint32(pid)
+		if int32(classid) == lockconn.HeirClass && objsubid == 2 {
+			// A roster or an heir slot: pgleader's own bookkeeping, shown
+			// with the key it belongs to below.
+			if !granted || mode != "ShareLock" {
+				continue
+			}
+			rosters[int32(objid)] = append(rosters[int32(objid)], s)
+			continue
 		}
 		k := leader.KeyFromLockTag(classid, objid, objsubid)
 		ls := byKey[k]
@@ -142,7 +157,6 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			byKey[k] = ls
 			order = append(order, ls)
 		}
-		s.PID = uint32(pid)
 		if granted && ls.Holder == nil {
 			s.HeldSince = start
 			ls.Holder = &s
@@ -153,6 +167,21 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
+	}
+	for k, ls := range byKey {
+		busy := map[uint32]bool{}
+		if ls.Holder != nil {
+			busy[ls.Holder.PID] = true
+		}
+		for _, w := range ls.Waiters {
+			busy[w.PID] = true
+		}
+		ls.Watching = []sessionStatus{}
+		for _, s := range rosters[lockconn.NewTarget(k, "", "", "").Roster()] {
+			if !busy[s.PID] {
+				ls.Watching = append(ls.Watching, s)
+			}
+		}
 	}
 	// Names, terms and election times from the fencing table, when it
 	// exists and is readable.
@@ -221,6 +250,9 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 				w += " " + now.Sub(*s.WaitingSince).Round(time.Millisecond).String()
 			}
 			waiting = append(waiting, w)
+		}
+		if n := len(l.Watching); n > 0 {
+			waiting = append(waiting, fmt.Sprintf("+%d watching", n))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, orDash(l.Name), holder, pid, user, held, term, orDash(strings.Join(waiting, ", ")))
 	}
