@@ -325,7 +325,7 @@ func TestServerSideLeaseFreesLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, r, opts{dsn: srv.DSN(), key: key, id: "lease-follower"})
-	child.Signal(syscall.SIGSTOP)
+	child.Pause()
 	stopped := time.Now()
 	e := r.next("elected", "lease-follower")
 	if took := e.at.Sub(stopped); took < tLease-tInterval-tDeadline {
@@ -333,7 +333,7 @@ func TestServerSideLeaseFreesLock(t *testing.T) {
 	} else {
 		t.Logf("lock freed and taken %s after SIGSTOP (lease %s)", took, tLease)
 	}
-	child.Signal(syscall.SIGCONT)
+	child.Resume()
 	d, err := child.WaitTimeout("demoted", waitLong)
 	if err != nil {
 		t.Fatal(err)

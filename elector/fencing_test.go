@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -77,7 +76,7 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 		newWrote <- fencedWrite(ctx, srv.DSN(), l)
 		<-ctx.Done()
 	}})
-	child.Signal(syscall.SIGSTOP)
+	child.Pause()
 	nl := r.next("elected", "new")
 	if nl.term != el.Term+1 {
 		t.Fatalf("new term %d, want %d", nl.term, el.Term+1)
@@ -91,7 +90,7 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	case <-time.After(waitLong):
 		t.Fatal("the new leader did not write")
 	}
-	child.Signal(syscall.SIGCONT)
+	child.Resume()
 	child.Send("write")
 	w, err := child.WaitTimeout("write", waitLong)
 	if err != nil {

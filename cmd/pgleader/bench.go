@@ -431,7 +431,9 @@ func (b *bencher) silent(kind string) error {
 		if kind == "partition" {
 			proxies[old].Blackhole()
 		} else {
-			f.Get(old).Signal(syscall.SIGSTOP)
+			if err := f.Get(old).Pause(); err != nil {
+				return err
+			}
 		}
 		var stepped int64
 		if kind == "partition" {
@@ -449,7 +451,7 @@ func (b *bencher) silent(kind string) error {
 			// A stopped process cannot step down; its trust window
 			// (IsLeader) ends RenewDeadline after its last renew.
 			stepped = lastRenew[old] + int64(b.deadline)
-			f.Get(old).Signal(syscall.SIGCONT)
+			f.Get(old).Resume()
 		} else {
 			proxies[old].Heal()
 		}

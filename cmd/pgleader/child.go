@@ -8,6 +8,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
 // runChild runs argv with the terminal's stdio until it exits. Signals
@@ -17,18 +19,21 @@ import (
 func runChild(ctx context.Context, argv []string, grace time.Duration) (int, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	// Its own process group, so signals reach the whole command; and it dies
-	// with pgleader, so a killed supervisor never leaves an active behind.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// Its own process group, so signals reach the whole command; and the
+	// whole group dies with pgleader (a watchdog sees to it; see
+	// proc.Start), so a killed supervisor never leaves an active command,
+	// or a child of one, behind.
+	release, err := proc.Start(cmd, proc.Options{Group: true, DeathSignal: syscall.SIGKILL, DeathToGroup: true})
+	if err != nil {
 		return 127, err
 	}
+	defer release()
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	kill := func(sig syscall.Signal) { syscall.Kill(-cmd.Process.Pid, sig) } // the whole process group
+	kill := func(sig syscall.Signal) { proc.KillGroup(cmd.Process, sig) } // the whole process group
 	var killTimer <-chan time.Time
 	ctxDone := ctx.Done()
 	for {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/proc"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -95,7 +97,9 @@ func TestLock(t *testing.T) {
 	dsn := server(t).DSN()
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "release")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+	if err := mkfifo(fifo); errors.Is(err, errors.ErrUnsupported) {
+		t.Skip("no named pipes on this system")
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	started := filepath.Join(dir, "started")
@@ -141,7 +145,7 @@ func TestElectHandsOver(t *testing.T) {
 		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--renew-interval", "100ms",
 			"--renew-deadline", "500ms", "--lease", "1500ms", "svc", "--",
 			"sh", "-c", fmt.Sprintf("echo %s >> %s; exec sleep 600", id, log))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -163,9 +167,14 @@ func TestElectHandsOver(t *testing.T) {
 	if lines[1] != heir {
 		t.Fatalf("runs %v; want %s to run the command after the kill", lines, heir)
 	}
-	// The killed supervisor's command died with it: only one sleep runs.
-	if n := countProcs(t, "sleep 600"); n != 1 {
-		t.Fatalf("%d commands running after the handover, want 1", n)
+	// The killed supervisor's command died with it (its watchdog kills the
+	// command's process group): only one sleep runs.
+	deadline := time.Now().Add(waitLong)
+	for n := countProcs(t, "sleep 600"); n != 1; n = countProcs(t, "sleep 600") {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d commands running after the handover, want 1", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -304,7 +313,7 @@ while :; do sleep 0.1; done`
 		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--renew-interval", "100ms",
 			"--renew-deadline", "500ms", "--lease", "1500ms", "--grace", "10s", "drainsvc", "--", "sh", "-c", script)
 		cmd.Env = append(os.Environ(), "ID="+id, "LOG="+log)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -381,5 +390,45 @@ func TestStatusShowsWatchers(t *testing.T) {
 			t.Fatalf("never 1 leader, 2 heirs and 2 watchers: %s", out)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A supervised command's own children die with a SIGKILLed supervisor: the
+// whole process group goes, not only the shell it started.
+func TestElectKilledTakesGrandchildren(t *testing.T) {
+	dsn := server(t).DSN()
+	pidFile := filepath.Join(t.TempDir(), "grandchild")
+	cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", "grand", "orphansvc", "--",
+		"sh", "-c", `sleep 300 & echo $! > "$PIDFILE"; wait`)
+	cmd.Env = append(os.Environ(), "PIDFILE="+pidFile)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, pidFile)
+	var pid int
+	deadline := time.Now().Add(waitLong)
+	for {
+		if _, err := fmt.Sscan(readFile(t, pidFile), &pid); err == nil && pid > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no grandchild pid")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gc, _ := os.FindProcess(pid)
+	defer gc.Kill()
+	cmd.Process.Kill()
+	cmd.Wait()
+	for {
+		// Signal 0 finds a live process (a zombie too, until its parent,
+		// init, reaps it; reaping is quick).
+		if err := gc.Signal(syscall.Signal(0)); err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the grandchild (pid %d) outlived the SIGKILLed supervisor", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -13,8 +13,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pgleader/pgleader/elector"
@@ -42,7 +44,9 @@ func run() error {
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithCancel(context.Background())
+	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // a pod gets SIGTERM
+	defer stopSignals()
+	ctx, cancel := context.WithCancel(sigCtx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	elected := make(chan string, 4)

@@ -9,7 +9,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -33,7 +35,9 @@ func run() error {
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithCancel(context.Background())
+	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // a pod gets SIGTERM
+	defer stopSignals()
+	ctx, cancel := context.WithCancel(sigCtx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }() // after the schedulers shut down
 	elected := make(chan *elector.Elector, 4)

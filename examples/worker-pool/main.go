@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,7 +43,9 @@ func run() error {
 		return err
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // a pod gets SIGTERM
+	defer stopSignals()
+	ctx, cancel := context.WithTimeout(sigCtx, 6*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {

@@ -286,9 +286,9 @@ func (h *harness) schedule() {
 				lo, hi = Lease+200*time.Millisecond, 2*Lease
 			}
 			stop := h.mono()
-			l.child.Signal(syscall.SIGSTOP)
+			l.child.Pause()
 			h.hold(lo, hi)
-			l.child.Signal(syscall.SIGCONT)
+			l.child.Resume()
 			l.stops = append(l.stops, [2]int64{stop, h.mono()})
 		case "terminate":
 			h.current.TerminateBackend(context.Background(), l.id)
@@ -389,9 +389,9 @@ func (h *harness) followerFault(f *proc) func() {
 		}
 	default:
 		stop := h.mono()
-		f.child.Signal(syscall.SIGSTOP)
+		f.child.Pause()
 		return func() {
-			f.child.Signal(syscall.SIGCONT)
+			f.child.Resume()
 			f.stops = append(f.stops, [2]int64{stop, h.mono()})
 		}
 	}
@@ -401,7 +401,7 @@ func (h *harness) followerFault(f *proc) func() {
 func (h *harness) finish() {
 	for _, p := range h.procs {
 		if p.killed == 0 {
-			p.child.Signal(syscall.SIGCONT)
+			p.child.Resume()
 			p.child.CloseStdin()
 		}
 	}

@@ -5,18 +5,13 @@ import (
 	"io"
 	"sync"
 
-	"golang.org/x/sys/unix"
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
-// Mono returns CLOCK_MONOTONIC in nanoseconds. Every process on the machine
-// shares this clock, so events of a child and its parent can be ordered.
-func Mono() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic(err)
-	}
-	return ts.Nano()
-}
+// Mono returns CLOCK_MONOTONIC in nanoseconds (see proc.Mono). Every
+// process on the machine shares this clock, so events of a child and its
+// parent can be ordered.
+func Mono() int64 { return proc.Mono() }
 
 // Event is one line a child writes on its stdout, as JSON.
 type Event struct {

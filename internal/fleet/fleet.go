@@ -24,6 +24,8 @@ import (
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/leader"
+
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
 // Options configure one candidate.
@@ -110,9 +112,7 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 			case "stats":
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
-				var ru syscall.Rusage
-				syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-				cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+				cpu := proc.CPUTime()
 				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d", ms.HeapAlloc, cpu)})
 			}
 		}
@@ -150,7 +150,6 @@ type Candidate struct {
 func Spawn(exe string, o Options, events chan<- Event) (*Candidate, error) {
 	cmd := exec.Command(exe, o.Args()...)
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -159,7 +158,10 @@ func Spawn(exe string, o Options, events chan<- Event) (*Candidate, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	// A candidate also exits when its stdin closes, which the kernel does
+	// when this process ends.
+	release, err := proc.Start(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+	if err != nil {
 		return nil, err
 	}
 	c := &Candidate{ID: o.ID, cmd: cmd, stdin: stdin, done: make(chan struct{})}
@@ -177,6 +179,7 @@ func Spawn(exe string, o Options, events chan<- Event) (*Candidate, error) {
 	go func() {
 		<-readDone
 		cmd.Wait()
+		release()
 		close(c.done)
 	}()
 	return c, nil
@@ -189,14 +192,20 @@ func (c *Candidate) Send(line string) error {
 }
 
 // Signal sends sig to the process.
-func (c *Candidate) Signal(sig syscall.Signal) error { return c.cmd.Process.Signal(sig) }
+func (c *Candidate) Signal(sig syscall.Signal) error { return proc.Signal(c.cmd.Process, sig) }
+
+// Pause stops the process (SIGSTOP; unsupported on Windows).
+func (c *Candidate) Pause() error { return proc.Stop(c.cmd.Process) }
+
+// Resume continues a paused process.
+func (c *Candidate) Resume() error { return proc.Cont(c.cmd.Process) }
 
 // Done is closed when the process has exited and its output was read.
 func (c *Candidate) Done() <-chan struct{} { return c.done }
 
 // Stop asks the candidate to exit, and kills it after grace.
 func (c *Candidate) Stop(grace time.Duration) {
-	c.Signal(syscall.SIGCONT)
+	c.Resume()
 	c.Send("exit")
 	c.stdin.Close()
 	select {

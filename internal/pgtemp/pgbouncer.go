@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
 // ErrNoPgBouncer is returned by StartPgBouncer when no pgbouncer binary is
@@ -40,7 +42,7 @@ func StartPgBouncer(s *Server, mode string, poolSize int) (*PgBouncer, error) {
 		return nil, err
 	}
 	if s.cred != nil {
-		os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid))
+		os.Chown(dir, int(s.cred.UID), int(s.cred.GID))
 	}
 	port, err := freePort()
 	if err != nil {
@@ -67,15 +69,15 @@ logfile = %s
 server_login_retry = 1
 `, s.port, port, users, mode, poolSize, filepath.Join(dir, "pgbouncer.log"))), 0o644)
 	cmd := exec.Command(bin, ini)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
 	out, _ := os.Create(filepath.Join(dir, "stderr.log"))
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	release, err := proc.Start(cmd, proc.Options{DeathSignal: syscall.SIGKILL, Cred: s.cred})
+	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgtemp: start pgbouncer: %w", err)
 	}
 	b := &PgBouncer{port: port, cmd: cmd, done: make(chan struct{}), dir: dir}
-	go func() { cmd.Wait(); out.Close(); close(b.done) }()
+	go func() { cmd.Wait(); release(); out.Close(); close(b.done) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", b.Addr(), time.Second)

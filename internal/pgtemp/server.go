@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
 // BinDirEnv names the environment variable that points at a directory holding
@@ -34,7 +36,8 @@ import (
 const BinDirEnv = "PGLEADER_PG_BINDIR"
 
 // HowToFix is appended to every start failure.
-const HowToFix = "install the PostgreSQL server binaries (Debian/Ubuntu: apt-get install -y postgresql) " +
+const HowToFix = "install the PostgreSQL server binaries (Debian/Ubuntu: apt-get install -y postgresql; " +
+	"macOS: brew install postgresql@17, or Postgres.app) " +
 	"or set " + BinDirEnv + " to the directory holding initdb and postgres"
 
 // ErrNoServer is wrapped by every error that means no server could be started.
@@ -56,8 +59,9 @@ type Server struct {
 	bindir  string
 	dir     string // temp dir; holds data/, the socket and the log
 	port    int
-	cred    *syscall.Credential
-	version int // server_version_num
+	cred    *proc.Cred
+	release func() // ends the server's watchdog (see proc.Start)
+	version int    // server_version_num
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -87,7 +91,7 @@ func New(opts Options) (*Server, error) {
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
-		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		s.cred = &proc.Cred{UID: uint32(uid), GID: uint32(gid)}
 	}
 	if err := s.makeDir(); err != nil {
 		return nil, err
@@ -104,7 +108,7 @@ func (s *Server) makeDir() (err error) {
 		return fmt.Errorf("%w: %w", ErrNoServer, err)
 	}
 	if s.cred != nil {
-		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+		if err := os.Chown(s.dir, int(s.cred.UID), int(s.cred.GID)); err != nil {
 			os.RemoveAll(s.dir)
 			return fmt.Errorf("%w: chown %s: %w", ErrNoServer, s.dir, err)
 		}
@@ -184,18 +188,35 @@ func findBinDir() (string, error) {
 			return filepath.Dir(p), nil
 		}
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, d := range dirs {
-		if has(d) {
-			return d, nil
+	// Debian's and Ubuntu's packages, then Homebrew's (Apple silicon, then
+	// Intel) and Postgres.app's, newest first in each.
+	for _, pattern := range []string{
+		"/usr/lib/postgresql/*/bin",
+		"/opt/homebrew/opt/postgresql@*/bin", "/usr/local/opt/postgresql@*/bin",
+		"/opt/homebrew/opt/postgresql/bin", "/usr/local/opt/postgresql/bin",
+		"/Applications/Postgres.app/Contents/Versions/*/bin",
+	} {
+		dirs, _ := filepath.Glob(pattern)
+		sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+		for _, d := range dirs {
+			if has(d) {
+				return d, nil
+			}
 		}
 	}
-	return "", fmt.Errorf("%w: no initdb and postgres found on PATH or in /usr/lib/postgresql/*/bin; %s", ErrNoServer, HowToFix)
+	return "", fmt.Errorf("%w: no initdb and postgres found on PATH, in /usr/lib/postgresql/*/bin, Homebrew or Postgres.app; %s", ErrNoServer, HowToFix)
 }
 
+// versionOf reads the major version from a binary directory's path: the
+// number after the last "@" or in the parent directory's name
+// (/usr/lib/postgresql/16/bin, .../postgresql@17/bin,
+// .../Versions/16/bin); 0 when there is none.
 func versionOf(bindir string) float64 {
-	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(bindir)), 64)
+	parent := filepath.Base(filepath.Dir(bindir))
+	if i := strings.LastIndex(parent, "@"); i >= 0 {
+		parent = parent[i+1:]
+	}
+	v, _ := strconv.ParseFloat(parent, 64)
 	return v
 }
 
@@ -218,7 +239,7 @@ func (s *Server) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(s.bindir, name), args...)
 	cmd.Dir = s.dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGQUIT}
+	proc.Prepare(cmd, s.procOptions())
 	return cmd
 }
 
@@ -270,11 +291,12 @@ func (s *Server) start() error {
 	}
 	cmd := s.command("postgres", args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
+	release, err := proc.Start(cmd, s.procOptions())
+	if err != nil {
 		return fmt.Errorf("%w: start postgres: %w; %s", ErrNoServer, err, HowToFix)
 	}
 	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
+	go func() { cmd.Wait(); release(); close(done) }()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
@@ -343,6 +365,14 @@ func (s *Server) DSN() string { return DSNFor(s.Addr()) }
 // (host:port), for example a Proxy's address.
 func DSNFor(addr string) string {
 	return "postgres://postgres@" + addr + "/postgres?sslmode=disable&connect_timeout=10"
+}
+
+// procOptions: the server runs in its own process group (a terminal's ^C
+// goes to the tests, which stop it in order), as the postgres user when
+// this process is root, and gets SIGQUIT (an immediate stop) when this
+// process ends.
+func (s *Server) procOptions() proc.Options {
+	return proc.Options{Group: true, DeathSignal: syscall.SIGQUIT, Cred: s.cred}
 }
 
 func (s *Server) signal(sig syscall.Signal) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/internal/fleet"
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
 // ChildEnv is set in the environment of a child started by StartChild. Its
@@ -53,7 +55,6 @@ func StartChild(t testing.TB, role string, env ...string) *Child {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), ChildEnv+"="+role), env...)
 	cmd.Stderr = &testWriter{t: t, prefix: role + ": "}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +63,8 @@ func StartChild(t testing.TB, role string, env ...string) *Child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	release, err := proc.Start(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+	if err != nil {
 		t.Fatalf("start child %s: %v", role, err)
 	}
 	c := &Child{t: t, cmd: cmd, stdin: stdin, events: make(chan Event, 1024), done: make(chan struct{})}
@@ -89,10 +91,11 @@ func StartChild(t testing.TB, role string, env ...string) *Child {
 	go func() {
 		<-readDone // Wait closes the pipe: read it to the end first
 		cmd.Wait()
+		release()
 		close(c.done)
 	}()
 	t.Cleanup(func() {
-		c.Signal(syscall.SIGCONT)
+		c.Resume()
 		c.Signal(syscall.SIGKILL)
 		<-c.done
 	})
@@ -103,7 +106,18 @@ func StartChild(t testing.TB, role string, env ...string) *Child {
 func (c *Child) Pid() int { return c.cmd.Process.Pid }
 
 // Signal sends sig to the child.
-func (c *Child) Signal(sig syscall.Signal) { c.cmd.Process.Signal(sig) }
+func (c *Child) Signal(sig syscall.Signal) { proc.Signal(c.cmd.Process, sig) }
+
+// Pause stops the child (SIGSTOP). On Windows, which cannot, it skips the
+// test.
+func (c *Child) Pause() {
+	if err := proc.Stop(c.cmd.Process); errors.Is(err, proc.ErrUnsupported) {
+		c.t.Skip("pausing a process (SIGSTOP) is not supported on this system")
+	}
+}
+
+// Resume continues a paused child (SIGCONT).
+func (c *Child) Resume() { proc.Cont(c.cmd.Process) }
 
 // Send writes one command line to the child's stdin.
 func (c *Child) Send(line string) error {

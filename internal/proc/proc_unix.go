@@ -1,0 +1,76 @@
+//go:build unix
+
+package proc
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func credAttr(a *syscall.SysProcAttr, c *Cred) {
+	if c != nil {
+		a.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID}
+	}
+}
+
+// Stop pauses p (SIGSTOP).
+func Stop(p *os.Process) error { return Signal(p, syscall.SIGSTOP) }
+
+// Cont resumes p (SIGCONT).
+func Cont(p *os.Process) error { return Signal(p, syscall.SIGCONT) }
+
+// KillGroup sends sig to the process group led by p (see Options.Group).
+func KillGroup(p *os.Process, sig syscall.Signal) error {
+	return syscall.Kill(-p.Pid, sig)
+}
+
+// Mono returns CLOCK_MONOTONIC in nanoseconds.
+func Mono() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return ts.Nano()
+}
+
+// CPUTime is the user plus system CPU time this process has used.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// watchdog starts sh with the read end of a pipe on its stdin; this process
+// keeps the write end, which the kernel closes when this process ends; sh's
+// read then returns and it signals pid (its group, with group). The
+// watchdog is in a process group of its own, so that a terminal's ^C does
+// not end it before it has done its work.
+func watchdog(pid int, group bool, sig syscall.Signal) (func(), error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return func() {}, err
+	}
+	target := strconv.Itoa(pid)
+	if group {
+		target = "-" + target
+	}
+	cmd := exec.Command("/bin/sh", "-c", "read _; kill -"+strconv.Itoa(int(sig))+" "+target+" 2>/dev/null")
+	cmd.Stdin = r
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		return func() {}, err
+	}
+	return func() {
+		cmd.Process.Kill()
+		w.Close()
+		cmd.Wait()
+	}, nil
+}
