@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/health"
 	"github.com/pgleader/pgleader/leader"
@@ -26,11 +24,12 @@ func newElector(obs leader.Observer) *elector.Elector {
 	return e
 }
 
-// Probes and metrics for an active/passive replica: only the leader is
-// ready, so a Kubernetes Service routes traffic to it alone.
+// Probes for an active/passive replica: only the leader is ready, so a
+// Kubernetes Service routes traffic to it alone (see docs/kubernetes.md
+// for what that needs from the rollout). Metrics come from the
+// contrib/promleader module.
 func Example() {
-	metrics, _ := health.NewMetrics(prometheus.DefaultRegisterer)
-	e := newElector(metrics)
+	e := newElector(nil)
 	checker := health.NewChecker(e, health.Options{LeaderOnly: true})
 	http.Handle("/livez", checker.LivezHandler())
 	http.Handle("/readyz", checker.ReadyzHandler())

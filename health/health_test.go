@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -245,115 +243,6 @@ func TestLivenessDuringOutage(t *testing.T) {
 	case <-b.elected:
 	case <-time.After(waitLong):
 		t.Fatal("no leader after the outage")
-	}
-}
-
-func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			return value(m)
-		}
-	}
-	return -1
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Histogram != nil:
-		return float64(m.Histogram.GetSampleCount())
-	}
-	return -1
-}
-
-func TestMetrics(t *testing.T) {
-	s := server(t)
-	reg := prometheus.NewRegistry()
-	m, err := health.NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := leader.KeyFromName("metrics-test")
-	el := map[string]string{"election": "metrics-test"}
-	a := startNode(t, elector.DSN(s.DSN()), key, "met-a", m, health.Options{})
-	wait(t, a.elected, "a elected")
-	// The Observer hears of the election just after OnElected has started
-	// (nothing of the user's runs before OnElected).
-	deadline := time.Now().Add(waitLong)
-	for metricValue(t, reg, "pgleader_is_leader", el) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("is_leader %v", metricValue(t, reg, "pgleader_is_leader", el))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if v := metricValue(t, reg, "leader_election_master_status", map[string]string{"name": "metrics-test"}); v != 1 {
-		t.Fatalf("master_status %v", v)
-	}
-	if v := metricValue(t, reg, "pgleader_elections_total", el); v != 1 {
-		t.Fatalf("elections_total %v", v)
-	}
-	if v := metricValue(t, reg, "pgleader_acquire_wait_seconds", el); v != 1 {
-		t.Fatalf("acquire_wait count %v", v)
-	}
-	for metricValue(t, reg, "pgleader_renew_duration_seconds", el) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("no renew observed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if v := metricValue(t, reg, "pgleader_last_renew_timestamp_seconds", el); v < float64(time.Now().Add(-time.Minute).Unix()) {
-		t.Fatalf("last_renew %v", v)
-	}
-	if err := a.e.Resign(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": "resigned"}); v != 1 {
-		t.Fatalf("demotions{resigned} %v", v)
-	}
-	wait(t, a.elected, "a elected again") // no one else campaigns
-	if _, err := s.TerminateBackend(context.Background(), "met-a"); err != nil {
-		t.Fatal(err)
-	}
-	wait(t, a.elected, "a elected after the kill")
-	for metricValue(t, reg, "pgleader_elections_total", el) != 3 && time.Now().Before(deadline.Add(waitLong)) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": "connection_lost"}); v != 1 {
-		mfs, _ := reg.Gather()
-		for _, mf := range mfs {
-			if mf.GetName() == "pgleader_demotions_total" || mf.GetName() == "pgleader_elections_total" {
-				for _, m := range mf.GetMetric() {
-					t.Log(mf.GetName(), m.GetLabel(), value(m))
-				}
-			}
-		}
-		t.Fatalf("demotions{connection_lost} %v", v)
-	}
-	if v := metricValue(t, reg, "pgleader_reconnects_total", el); v < 1 {
-		t.Fatalf("reconnects %v", v)
-	}
-	if v := metricValue(t, reg, "pgleader_elections_total", el); v != 3 {
-		t.Fatalf("elections_total %v", v)
-	}
-	if _, err := health.NewMetrics(reg); err == nil {
-		t.Fatal("registering twice succeeded")
 	}
 }
 

@@ -1,4 +1,10 @@
-package health
+// Package promleader keeps Prometheus metrics for pgleader's electors. It
+// is a module of its own (github.com/pgleader/pgleader/contrib/promleader),
+// so that a program that does not ask for metrics links no Prometheus.
+//
+//	metrics, err := promleader.NewMetrics(prometheus.DefaultRegisterer)
+//	e, err := elector.New(elector.Config{..., Observer: metrics})
+package promleader
 
 import (
 	"time"
