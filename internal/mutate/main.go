@@ -27,8 +27,9 @@ import (
 	"time"
 )
 
-// unitPackages are the packages whose tests must kill every mutant.
-var unitPackages = []string{"./elector", "./leader", "./lock", "./health", "./internal/lockconn"}
+// unitPackages are the packages whose tests must kill every mutant (the
+// workspace's go.work lets the copy test the metrics module too).
+var unitPackages = []string{"./elector", "./leader", "./lock", "./health", "./internal/lockconn", "./contrib/promleader"}
 
 func main() {
 	only := flag.String("only", "", "comma-separated mutant IDs (default: all)")
