@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/testpg"
@@ -273,5 +277,30 @@ func TestConfigBoundaries(t *testing.T) {
 				t.Fatalf("want a ConfigError on %s, got %v", tt.field, err)
 			}
 		})
+	}
+}
+
+// A demotion by a fault is logged at warn level; a resign at info.
+func TestFaultDemotionLogsWarn(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	core, logs := observer.New(zap.InfoLevel)
+	a := start(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "warn-a", logger: zap.New(core)})
+	r.next("elected", "warn-a")
+	if err := a.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.next("demoted", "warn-a")
+	r.next("elected", "warn-a") // alone, it campaigns and wins again
+	if _, err := srv.TerminateBackend(context.Background(), "warn-a"); err != nil {
+		t.Fatal(err)
+	}
+	r.next("demoted", "warn-a")
+	var levels []zapcore.Level
+	for _, e := range logs.FilterMessage("demoted").All() {
+		levels = append(levels, e.Level)
+	}
+	if len(levels) != 2 || levels[0] != zapcore.InfoLevel || levels[1] != zapcore.WarnLevel {
+		t.Fatalf("demotion log levels %v, want [info warn] (resign, then a killed backend)", levels)
 	}
 }

@@ -66,6 +66,14 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 	if added := serverLog(srv)[before:]; len(added) > 0 {
 		t.Fatalf("the fleet added %d lines to the server log (elected %s, then %s):\n%s", len(added), first.id, second.id, strings.Join(added, "\n"))
 	}
+	// Stopping is quiet too: an heir's lock wait is not cancelled (the
+	// server would log the cancel), it ends by itself.
+	for _, rn := range els {
+		rn.stop()
+	}
+	if added := serverLog(srv)[before:]; len(added) > 0 {
+		t.Fatalf("stopping the fleet added %d lines to the server log:\n%s", len(added), strings.Join(added, "\n"))
+	}
 }
 
 // Elections stay correct whatever the server's deadlock_timeout: follower

@@ -205,7 +205,11 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 		ls.Close()
 	}
 	e.setLeaderIfSelf()
-	t.log.Info("demoted", zap.NamedError("reason", reason))
+	if graceful {
+		t.log.Info("demoted", zap.NamedError("reason", reason))
+	} else {
+		t.log.Warn("demoted", zap.NamedError("reason", reason)) // a fault, not a choice
+	}
 	if c.Callbacks.OnDemoted != nil {
 		c.Callbacks.OnDemoted(t.l, reason)
 	}

@@ -39,14 +39,15 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 		// checkpoint or an autovacuum run in one slice is the server's
 		// own business, not the fleet's.
 		var cpus []float64
-		logs0 := b.logLines()
+		logs0, all0 := b.logLines()
 		for i := 0; i < 3; i++ {
 			cpu0, began := serverCPU(postmaster), time.Now()
 			time.Sleep(window / 3)
 			cpus = append(cpus, (serverCPU(postmaster)-cpu0)/time.Since(began).Seconds())
 		}
 		cpu := median(cpus)
-		logs := b.logLines() - logs0
+		logs, all := b.logLines()
+		logs, all = logs-logs0, all-all0
 		stop()
 		if cpu >= 0 && postmaster > 0 {
 			target := ""
@@ -60,11 +61,12 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 				b.add(scen, "server CPU per renew", "ms", "", []float64{1000 * cpu / (float64(keys) / elector.DefaultRenewInterval.Seconds())})
 			}
 		}
-		if logs >= 0 {
-			b.add(scen, fmt.Sprintf("server log lines in %s", window), "lines", "0", []float64{float64(logs)})
+		if b.srv != nil {
+			b.add(scen, fmt.Sprintf("server log lines from the fleet in %s", window), "lines", "0", []float64{float64(logs)})
+			b.add(scen, fmt.Sprintf("server log lines in all in %s (checkpoints too)", window), "lines", "", []float64{float64(all)})
 		}
-		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines in %s\n",
-			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, window)
+		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines from the fleet (%d in all) in %s\n",
+			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, all, window)
 		return nil
 	}
 	for _, n := range sizes {
@@ -145,11 +147,11 @@ func (b *bencher) standingFleet(n, keys int) (func(), error) {
 	return stop, nil
 }
 
-func (b *bencher) logLines() int {
+func (b *bencher) logLines() (fleet, all int) {
 	if b.srv == nil {
-		return -1
+		return -1, -1
 	}
-	return b.srv.LogLines()
+	return b.srv.LogLinesOf("dbload-"), b.srv.LogLines()
 }
 
 // runPgbench runs 10 s of pgbench -S with 4 clients and returns its tps.

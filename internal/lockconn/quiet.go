@@ -283,6 +283,17 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	}
 	var code int32
 	sent := time.Now()
+	if q.heir >= 0 {
+		// Stopping does not cancel an heir's lock wait: the server would
+		// log the cancel as an ERROR with its statement. The wait ends by
+		// itself within Wait; only the client-side deadline (a silent
+		// network) still interrupts it.
+		if dl, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+			defer cancel()
+		}
+	}
 	if err := l.conn.QueryRow(ctx, sql, args...).Scan(&code); err != nil {
 		return Round{}, Pooling(err)
 	}

@@ -349,6 +349,28 @@ func (s *Server) LogLines() int {
 	return bytes.Count(b, []byte("\n"))
 }
 
+// LogLinesOf counts the server log's lines written by sessions whose
+// application_name starts with prefix (the log line prefix names it),
+// continuation lines (a CONTEXT's second line) included.
+func (s *Server) LogLinesOf(prefix string) int {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+	n, theirs := 0, false
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		if line[0] != '\t' && line[0] != ' ' {
+			// "<time> [<pid>] <application_name>: <message>"
+			_, rest, _ := strings.Cut(line, "] ")
+			theirs = strings.HasPrefix(rest, prefix)
+		}
+		if theirs {
+			n++
+		}
+	}
+	return n
+}
+
 // Port returns the server's TCP port on 127.0.0.1.
 func (s *Server) Port() int { return s.port }
 
