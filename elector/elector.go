@@ -65,6 +65,9 @@ type Elector struct {
 	trustUntil    atomic.Int64 // ns since epoch; IsLeader is false past it
 	leaderID      atomic.Pointer[string]
 
+	elected     chan struct{} // closed at the first election; see Elected
+	electedOnce sync.Once
+
 	mu     sync.Mutex
 	tenure *tenure
 	cbDone chan struct{} // closed when the last OnElected returned
@@ -92,6 +95,7 @@ func New(cfg Config) (*Elector, error) {
 	e.leaderID.Store(&empty)
 	e.pendingLeader.Store(&empty)
 	e.newLeader = make(chan struct{}, 1)
+	e.elected = make(chan struct{})
 	e.obs = cfg.Observer
 	e.st = Status{Identity: cfg.Identity, Key: cfg.Key, LastRound: time.Now(),
 		RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
@@ -159,6 +163,13 @@ func (e *Elector) Resign(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// Elected returns a channel that is closed the first time this elector is
+// elected, once OnElected has started: what a main that must not go on
+// before it leads waits for (controller-runtime's Elected(); etcd's
+// blocking Campaign is <-e.Elected() after go e.Run(ctx)). It stays closed
+// after a demotion; IsLeader tells the present.
+func (e *Elector) Elected() <-chan struct{} { return e.elected }
 
 func (e *Elector) now() int64 { return int64(time.Since(e.epoch)) }
 

@@ -69,3 +69,39 @@ func ExampleNew_invalidConfig() {
 	fmt.Println(err)
 	// Output: elector: invalid config: RenewDeadline: must be greater than RenewInterval (2s), got 1s
 }
+
+// A main that must not go on before it leads (etcd's Campaign,
+// controller-runtime's Elected): run the elector, then wait on Elected.
+func ExampleElector_Elected() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e, err := elector.New(elector.Config{
+		Connect:  elector.DSN(exampleDSN()),
+		Key:      leader.KeyFromName("example-elected"),
+		Identity: "main-1",
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+			<-ctx.Done() // the work that needs leadership
+		}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	<-e.Elected()
+	fmt.Println("leading:", e.IsLeader())
+	cancel()
+	<-done
+	// Output: leading: true
+}
+
+// A process that does not campaign (a dashboard, a router) watches who
+// leads: Observe reports the leader now and at every change.
+func ExampleObserve() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := leader.KeyFromName("example-observe")
+	seen := make(chan string, 8)
+	go elector.Observe(ctx, elector.DSN(exampleDSN()), key, func(identity string) { seen <- identity })
+	fmt.Printf("leader: %q\n", <-seen)
+	// Output: leader: ""
+}

@@ -16,3 +16,11 @@ func UseLease(e *Elector, ls Lease) {
 
 // FollowerWait is e.followerWait, for its table test.
 func FollowerWait(e *Elector, deadlock time.Duration) time.Duration { return e.followerWait(deadlock) }
+
+// SetObservePoll sets Observe's holder lookup interval; it returns the
+// previous one.
+func SetObservePoll(d time.Duration) time.Duration {
+	old := observePoll
+	observePoll = d
+	return old
+}

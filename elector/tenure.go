@@ -106,6 +106,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, camp
 		defer t.stopWith(leader.ErrCallbackReturned)
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
+	e.electedOnce.Do(func() { close(e.elected) })
 	t.log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(campaignSent)))
 	e.obs.Elected(l)
 	return t

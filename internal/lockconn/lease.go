@@ -211,14 +211,11 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 const notifySQL = `SELECT pg_notify($1, current_setting('application_name'))`
 
 // Announce is a Renew that also announces this session as t's leader on
-// t's channel (when the session campaigns quietly, so followers listen),
-// in the same round trip. A new leader sends it once OnElected has
+// t's channel, in the same round trip, for quiet followers and for
+// observers (elector.Observe). A new leader sends it once OnElected has
 // started, off the handover's critical path: the notification wakes every
-// listening follower's backend.
+// listening session's backend.
 func (l *Lease) Announce(ctx context.Context, t *Target) error {
-	if t.quiet == nil {
-		return l.Renew(ctx, t)
-	}
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
 	b.Queue(notifySQL, t.Channel())

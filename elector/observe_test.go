@@ -1,0 +1,69 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pgleader/pgleader/elector"
+)
+
+// Observe follows the leader without campaigning: nobody, then the first
+// leader (announced), then its successor after a resign, then nobody again
+// once every elector stopped (found by its periodic lookup). Elected is
+// closed at the first election.
+func TestObserveAndElected(t *testing.T) {
+	defer elector.SetObservePoll(elector.SetObservePoll(200 * time.Millisecond))
+	srv := sharedServer(t)
+	key := testKey(t)
+	seen := make(chan string, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	obsDone := make(chan error, 1)
+	go func() { obsDone <- elector.Observe(ctx, elector.DSN(srv.DSN()), key, func(id string) { seen <- id }) }()
+	defer func() {
+		cancel()
+		if err := <-obsDone; !errors.Is(err, context.Canceled) {
+			t.Errorf("Observe returned %v, want context.Canceled", err)
+		}
+	}()
+	expect := func(want string) {
+		t.Helper()
+		for {
+			select {
+			case id := <-seen:
+				if id == want {
+					return
+				}
+			case <-time.After(waitLong):
+				t.Fatalf("Observe never reported %q", want)
+			}
+		}
+	}
+	expect("")
+	r := newRecorder(t)
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "obs-a"})
+	select {
+	case <-a.e.Elected():
+	case <-time.After(waitLong):
+		t.Fatal("Elected never closed")
+	}
+	expect("obs-a")
+	b := start(t, r, opts{dsn: srv.DSN(), key: key, id: "obs-b"})
+	waitWaiter(t, srv, key, "obs-b")
+	select {
+	case <-b.e.Elected():
+		t.Fatal("Elected closed for a follower")
+	default:
+	}
+	if err := a.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	expect("obs-b")
+	a.stop()
+	b.stop()
+	expect("")
+	if err := elector.Observe(ctx, nil, key, func(string) {}); !errors.Is(err, elector.ErrInvalidConfig) {
+		t.Fatalf("Observe without a Connector: %v", err)
+	}
+}

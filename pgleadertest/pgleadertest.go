@@ -1,0 +1,149 @@
+// Package pgleadertest runs a throwaway PostgreSQL server for the tests of
+// programs that use pgleader, with the faults such a program must survive:
+// its leader's backend terminated, the server restarted. Import it from
+// _test.go files only; pgleader's own packages never import it.
+//
+// The server is the system's own PostgreSQL (initdb and postgres found on
+// PATH, in /usr/lib/postgresql/*/bin, Homebrew or Postgres.app, or in the
+// directory PGLEADER_PG_BINDIR names), started in a temporary directory on a
+// free loopback port, as the postgres OS user when the tests run as root.
+// When none can start, the test fails with a message that says how to
+// install one.
+//
+//	var shared pgleadertest.Shared
+//
+//	func TestMain(m *testing.M) { os.Exit(pgleadertest.Main(m, &shared)) }
+//
+//	func TestFailover(t *testing.T) {
+//		srv := shared.Get(t)
+//		// run electors against srv.DSN(), then:
+//		srv.TerminateLeader(ctx, key)
+//	}
+package pgleadertest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/pgtemp"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Server is a throwaway PostgreSQL server.
+type Server struct{ s *pgtemp.Server }
+
+// Restart modes.
+const (
+	// Fast stops the server as pg_ctl -m fast does: sessions end, and with
+	// them every advisory lock.
+	Fast = pgtemp.Fast
+	// Immediate stops it as a crash would (pg_ctl -m immediate); the next
+	// start runs crash recovery.
+	Immediate = pgtemp.Immediate
+)
+
+// ErrNoServer is wrapped by the error when no server could start.
+var ErrNoServer = pgtemp.ErrNoServer
+
+// New starts a server that the caller stops with Close; Start is the same
+// for a test.
+func New() (*Server, error) {
+	s, err := pgtemp.New(pgtemp.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return &Server{s: s}, nil
+}
+
+// Start starts a server for t and stops it (and removes its files) at t's
+// cleanup. It fails t, saying how to fix it, when no server can start.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := New()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// DSN is a connection string for the server's superuser, postgres, in
+// database postgres.
+func (s *Server) DSN() string { return s.s.DSN() }
+
+// Addr is the server's "127.0.0.1:port".
+func (s *Server) Addr() string { return s.s.Addr() }
+
+// Connect opens a connection as the superuser.
+func (s *Server) Connect(ctx context.Context) (*pgx.Conn, error) { return s.s.Connect(ctx) }
+
+// TerminateBackend ends, with pg_terminate_backend, every session whose
+// application_name is identity (an elector's identity), and reports how
+// many it ended. Their advisory locks are freed at once.
+func (s *Server) TerminateBackend(ctx context.Context, identity string) (int, error) {
+	return s.s.TerminateBackend(ctx, identity)
+}
+
+// TerminateLeader ends the session that holds key and returns its
+// identity (application_name); "" and no error when nobody holds it.
+func (s *Server) TerminateLeader(ctx context.Context, key leader.Key) (string, error) {
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.Background())
+	h, err := leader.Holder(ctx, conn, key)
+	if err != nil || !h.Held {
+		return "", err
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(h.Holder.PID)).Scan(&ok); err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", fmt.Errorf("pgleadertest: could not terminate backend %d", h.Holder.PID)
+	}
+	return h.Holder.Identity, nil
+}
+
+// Restart stops the server in mode (Fast or Immediate) and starts it again
+// on the same port; every session ends.
+func (s *Server) Restart(mode string) error { return s.s.Restart(mode) }
+
+// Close stops the server and removes its files.
+func (s *Server) Close() { s.s.Close() }
+
+// Shared is one server for a whole test package, started on first use and
+// stopped by Main. Tests that share it should use keys of their own.
+type Shared struct {
+	once sync.Once
+	srv  *Server
+	err  error
+}
+
+// Get returns the shared server, starting it on first use; it fails t
+// (saying how to fix it) when no server can start.
+func (s *Shared) Get(t testing.TB) *Server {
+	t.Helper()
+	s.once.Do(func() { s.srv, s.err = New() })
+	if s.err != nil {
+		t.Fatalf("%v", s.err)
+	}
+	return s.srv
+}
+
+// Main runs the package's tests, then stops the shared servers; it returns
+// the exit code for os.Exit.
+func Main(m *testing.M, shared ...*Shared) int {
+	code := m.Run()
+	for _, s := range shared {
+		if s.srv != nil {
+			s.srv.Close()
+		}
+	}
+	return code
+}
