@@ -21,8 +21,11 @@
 // # Readiness
 //
 // In the default mode Ready always succeeds. With LeaderOnly it succeeds
-// only while the elector leads (IsLeader), so that a Kubernetes Service in
-// front of an active/passive pool sends traffic only to the active replica.
+// only while the elector leads (IsLeader), so that a Service in front of an
+// active/passive pool sends traffic only to the active replica. Do not use
+// LeaderOnly for pods a Deployment or StatefulSet rolls: a rollout waits
+// for new pods to become ready, and new pods are followers, so it stalls
+// (docs/kubernetes.md says what to do instead).
 // It flips as soon as the elector is elected or steps down.
 //
 // # Status
