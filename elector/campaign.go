@@ -33,6 +33,9 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 	coolDown, possiblyHeld := false, false
 	var campaignStart time.Time
 	for {
+		if err := ctx.Err(); err != nil {
+			return err // an heir's round does not end with ctx (see lockconn.Quiet)
+		}
 		if err := e.waitCallback(ctx); err != nil {
 			return err
 		}
@@ -59,6 +62,9 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 		e.note(func(st *Status) { st.LastRound = time.Now() })
 		if !won {
 			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err() // won while stopping: closing the session frees the lock
 		}
 		e.obs.LockWaited(e.cfg.Key, time.Since(campaignStart), true)
 		campaignStart = time.Time{}

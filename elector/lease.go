@@ -66,7 +66,7 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		}
 	}
 	wait := e.followerWait(ls.DeadlockTimeout())
-	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs}
+	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline}
 	if ls.Major() >= 14 {
 		q.Lease = c.LeaseDuration
 	}

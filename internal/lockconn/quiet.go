@@ -171,6 +171,10 @@ type Quiet struct {
 	Poll time.Duration
 	// Heirs is how many followers queue on the lock; the rest watch.
 	Heirs int
+	// Slack is how long past its Wait an heir's round may take before the
+	// client gives up on it (a silent network): its client-side deadline
+	// is Wait plus Slack, whatever the caller's context says (default 2 s).
+	Slack time.Duration
 	// Lease is the session's idle_session_timeout while it holds a lock
 	// (the lock or an heir slot). A watcher holds none and runs without
 	// it, so that its polls can be rare; the poll that takes a lock or a
@@ -210,6 +214,9 @@ func (t *Target) prepareQuiet(q Quiet) {
 	st := &quietState{Quiet: q, heir: -1,
 		waitSQL: fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4)", common, n+2, n+3),
 		pollSQL: fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4)", common, n+2, n+3),
+	}
+	if st.Slack <= 0 {
+		st.Slack = 2 * time.Second
 	}
 	r := t.Roster()
 	for i := range q.Heirs {
@@ -286,15 +293,20 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	if q.heir >= 0 {
 		// Stopping does not cancel an heir's lock wait: the server would
 		// log the cancel as an ERROR with its statement. The wait ends by
-		// itself within Wait; only the client-side deadline (a silent
-		// network) still interrupts it.
-		if dl, ok := ctx.Deadline(); ok {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
-			defer cancel()
+		// itself within Wait; only the client-side deadline, Wait plus
+		// Slack (a silent network), still interrupts it.
+		dl := sent.Add(q.Wait + q.Slack)
+		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+			dl = d
 		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+		defer cancel()
 	}
 	if err := l.conn.QueryRow(ctx, sql, args...).Scan(&code); err != nil {
+		if q.heir >= 0 && ctx.Err() == context.DeadlineExceeded {
+			return Round{}, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, q.Wait, q.Slack, err)
+		}
 		return Round{}, Pooling(err)
 	}
 	rd := Round{Holder: l.notified(t), Sent: sent}
