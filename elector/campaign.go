@@ -66,9 +66,10 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 		if ctx.Err() != nil {
 			return ctx.Err() // won while stopping: closing the session frees the lock
 		}
-		e.obs.LockWaited(e.cfg.Key, time.Since(campaignStart), true)
+		waited := time.Since(campaignStart) // the log and the metric say the same
+		e.obs.LockWaited(e.cfg.Key, waited, true)
 		campaignStart = time.Time{}
-		reason, keepConn := e.lead(ctx, ls, sent, proven)
+		reason, keepConn := e.lead(ctx, ls, sent, proven, waited)
 		if !keepConn {
 			return reason
 		}

@@ -48,7 +48,7 @@ type tenureKey struct{}
 // confirm unless a fencing term must be installed; the trust window then
 // runs from when that round was sent. It reports the reason, and whether
 // the connection is still fit for use.
-func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven bool) (reason error, keepConn bool) {
+func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven bool, waited time.Duration) (reason error, keepConn bool) {
 	vsent, term, err := sent, int64(0), error(nil)
 	if !proven || e.cfg.Fencing.Enabled {
 		vsent, term, err = e.confirm(ls, sent)
@@ -61,7 +61,7 @@ func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven boo
 	if err != nil {
 		return err, false
 	}
-	t := e.begin(ctx, ls.PID(), term, vsent, sent)
+	t := e.begin(ctx, ls.PID(), term, vsent, waited)
 	// The first renew announces the new leader to the followers: after
 	// OnElected started, as the notification wakes every one of them.
 	if reason = e.renew(t, ls, true, true); reason == nil {
@@ -74,7 +74,7 @@ func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven boo
 // only then reports the election (log, Observer), so that nothing of the
 // user's runs between the lock check and OnElected (OnNewLeader is
 // dispatched to its own goroutine).
-func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, campaignSent time.Time) *tenure {
+func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.Time, waited time.Duration) *tenure {
 	c := e.cfg
 	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
 	if c.Fencing.Enabled {
@@ -107,7 +107,9 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent, camp
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
 	e.electedOnce.Do(func() { close(e.elected) })
-	t.log.Info("elected", zap.Duration("acquire_wait", l.ElectedAt.Sub(campaignSent)))
+	// acquire_wait: from the start of the campaign (its first round) to the
+	// grant, as pgleader_acquire_wait_seconds.
+	t.log.Info("elected", zap.Duration("acquire_wait", waited))
 	e.obs.Elected(l)
 	return t
 }

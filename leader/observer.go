@@ -50,6 +50,11 @@ func (NopObserver) Demoted(Leadership, error) {}
 // Reconnecting does nothing.
 func (NopObserver) Reconnecting(Key, string, int, time.Duration, error) {}
 
+// ReasonLabels are every label ReasonLabel gives a demotion's reason, for
+// metrics that start each series at zero.
+var ReasonLabels = []string{"connection_lost", "lock_lost", "renew_deadline", "resigned", "callback_returned",
+	"transaction_pooling", "no_terms_table", "standby", "read_only", "rejected", "stopped", "other"}
+
 // ReasonLabel names a demotion reason for metrics and logs:
 // connection_lost, lock_lost, renew_deadline, resigned, callback_returned,
 // transaction_pooling, no_terms_table, stopped (the context ended) or other.

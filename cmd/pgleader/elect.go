@@ -38,7 +38,11 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	}
 	logger := zap.NewNop()
 	if *verbose {
-		logger, _ = zap.NewDevelopment(zap.AddStacktrace(zap.DPanicLevel))
+		// Info level: elections, demotions, reconnects, errors; not the
+		// debug line of every renew and campaign round.
+		cfg := zap.NewDevelopmentConfig()
+		cfg.Level = zap.NewAtomicLevelAt(zap.InfoLevel)
+		logger, _ = cfg.Build(zap.AddStacktrace(zap.DPanicLevel))
 	}
 	// pgleader's own SIGINT/SIGTERM stops the election; while the command
 	// runs, runChild passes those signals on to it as well.

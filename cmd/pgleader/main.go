@@ -31,16 +31,18 @@ const (
 	exitError    = 1
 	exitUsage    = 2
 	exitLockHeld = 75 // EX_TEMPFAIL: try again later
+	exitNoLeader = 3  // status NAME: nobody holds the lock
 )
 
 const usage = `pgleader: leader election and advisory locks on PostgreSQL
 
 Usage:
-  pgleader status [--dsn DSN] [--json] [--watch] [--name NAME]...
+  pgleader status [--dsn DSN] [--json] [--watch] [--name NAME]... [NAME]
   pgleader lock   [--dsn DSN] [--wait DURATION] NAME -- COMMAND [ARGS...]
   pgleader elect  [--dsn DSN] [--grace DURATION] NAME -- COMMAND [ARGS...]
   pgleader demo   [--dsn DSN]
   pgleader bench  [--dsn DSN] [--runs N] [--scenarios LIST] [--json]
+  pgleader version
 
 Every subcommand takes --dsn or $DATABASE_URL. "pgleader CMD --help" shows
 a subcommand's flags and examples.
@@ -50,6 +52,7 @@ Exit codes:
   1   error (connection, SQL, ...)
   2   usage error
   75  lock held by another session (lock without --wait, or --wait ran out)
+  3   status NAME: nobody leads NAME
   N   lock passes the command's exit code through; 128+SIG when the
       command was killed by signal SIG (elect does not: its command may run
       many times; it prints each exit code on stderr)
@@ -81,6 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"demo":      cmdDemo,
 		"bench":     cmdBench,
 		"candidate": cmdCandidate,
+		"version":   cmdVersion,
 	}
 	name := args[0]
 	if name == "help" || name == "-h" || name == "--help" {

@@ -432,3 +432,51 @@ func TestElectKilledTakesGrandchildren(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// status NAME shows one election and exits 3 when nobody leads it; keys
+// sort as numbers; version prints the build's version.
+func TestStatusOneNameOrderAndVersion(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.DSN()+"&application_name=order-holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, k := range []int64{1000001, 1000010, 1000002, 1000100} {
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json")
+	var locks []lockStatus
+	if err := json.Unmarshal([]byte(out), &locks); code != 0 || err != nil {
+		t.Fatalf("exit %d, %v: %s", code, err, out)
+	}
+	var got []string
+	for _, l := range locks {
+		switch l.Key {
+		case "1000001", "1000002", "1000010", "1000100":
+			got = append(got, l.Key)
+		}
+	}
+	if strings.Join(got, " ") != "1000001 1000002 1000010 1000100" {
+		t.Fatalf("keys in the order %v, want numeric", got)
+	}
+	code, out = cli(t, nil, "status", "--dsn", s.DSN(), "nobody-leads-this")
+	if code != exitNoLeader || !strings.Contains(out, "nobody-leads-this: NO LEADER (0 waiting, 0 watching)") {
+		t.Fatalf("status of a free name: exit %d, %q", code, out)
+	}
+	named := leader.KeyFromName("held-by-name")
+	args, vals := named.SQLArgs(1)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	code, out = cli(t, nil, "status", "--dsn", s.DSN(), "held-by-name")
+	if code != 0 || !strings.Contains(out, "order-holder") || strings.Contains(out, "1000001") {
+		t.Fatalf("status of a held name: exit %d, %q", code, out)
+	}
+	if code, out := cli(t, nil, "version"); code != 0 || !strings.HasPrefix(out, "pgleader ") {
+		t.Fatalf("version: exit %d, %q", code, out)
+	}
+}

@@ -29,6 +29,7 @@ type lockStatus struct {
 	// elector's watchers, seen in the key's roster; see lockconn.Quiet).
 	Watching []sessionStatus `json:"watching"`
 	Term     int64           `json:"term,omitempty"`
+	order    [3]int64        // key space, then the key's value(s): numeric order
 }
 
 type sessionStatus struct {
@@ -45,8 +46,9 @@ type sessionStatus struct {
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T]",
+	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T] [NAME]",
 		`  pgleader status                         # who holds what, who waits
+  pgleader status billing-consumer        # one election; exit 3 when nobody leads it
   pgleader status --json | jq .           # machine-readable
   pgleader status --watch                 # redraw on every change
   pgleader status --name billing-consumer # show this name for its key
@@ -63,6 +65,16 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	if err := needDSN(*dsn); err != nil {
 		return err
 	}
+	var only *leader.Key // status NAME: one election
+	switch fs.NArg() {
+	case 0:
+	case 1:
+		k := leader.KeyFromName(fs.Arg(0))
+		only = &k
+		names = append(names, fs.Arg(0))
+	default:
+		return usageError{"status takes at most one NAME"}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	conn, err := pgx.Connect(ctx, *dsn)
@@ -75,6 +87,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		known[leader.KeyFromLockTag(leader.KeyFromName(n).LockTag()).String()] = n
 	}
 	last := ""
+	tty := isTerminal(stdout)
 	for {
 		locks, err := readStatus(ctx, conn, *table, known)
 		if err != nil {
@@ -84,19 +97,41 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		var out strings.Builder
-		if *asJSON {
+		leaderless := false
+		switch {
+		case only != nil:
+			l := pick(locks, *only, fs.Arg(0))
+			leaderless = l.Holder == nil
+			if *asJSON {
+				b, _ := json.MarshalIndent(l, "", "  ")
+				out.Write(b)
+				out.WriteString("\n")
+			} else if leaderless {
+				fmt.Fprintf(&out, "%s: NO LEADER (%d waiting, %d watching)\n", fs.Arg(0), len(l.Waiters), len(l.Watching))
+			} else {
+				renderStatus(&out, []*lockStatus{l})
+			}
+		case *asJSON:
 			b, _ := json.MarshalIndent(locks, "", "  ")
 			out.Write(b)
 			out.WriteString("\n")
-		} else {
+		default:
 			renderStatus(&out, locks)
 		}
 		if !*watch {
 			fmt.Fprint(stdout, out.String())
+			if leaderless {
+				return exitCode(exitNoLeader)
+			}
 			return nil
 		}
 		if s := out.String(); s != last {
-			fmt.Fprint(stdout, "\x1b[H\x1b[2J"+time.Now().Format(time.TimeOnly)+"\n"+s)
+			if tty {
+				fmt.Fprint(stdout, "\x1b[H\x1b[2J"+time.Now().Format(time.TimeOnly)+"\n"+s)
+			} else {
+				// A pipe or a file: no screen codes, one block per change.
+				fmt.Fprint(stdout, "--- "+time.Now().Format(time.TimeOnly)+"\n"+s)
+			}
 			last = s
 		}
 		select {
@@ -105,6 +140,28 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		case <-time.After(*interval):
 		}
 	}
+}
+
+// pick returns the status of key (named name), or an empty one when no
+// session holds or awaits it.
+func pick(locks []*lockStatus, key leader.Key, name string) *lockStatus {
+	plain := leader.KeyFromLockTag(key.LockTag()).String() // as the rows name it: numbers only
+	for _, l := range locks {
+		if l.Key == plain {
+			return l
+		}
+	}
+	return &lockStatus{Key: plain, Name: name, Waiters: []sessionStatus{}, Watching: []sessionStatus{}}
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 type multiFlag []string
@@ -153,7 +210,11 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 		k := leader.KeyFromLockTag(classid, objid, objsubid)
 		ls := byKey[k]
 		if ls == nil {
-			ls = &lockStatus{Key: k.String(), Name: known[k.String()], Waiters: []sessionStatus{}}
+			ls = &lockStatus{Key: k.String(), Name: known[k.String()], Waiters: []sessionStatus{},
+				order: [3]int64{int64(objsubid), int64(int32(classid)), int64(int32(objid))}}
+			if objsubid == 1 {
+				ls.order = [3]int64{1, int64(classid)<<32 | int64(objid), 0} // the int8 key itself
+			}
 			byKey[k] = ls
 			order = append(order, ls)
 		}
@@ -217,7 +278,15 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			}
 		}
 	}
-	sort.SliceStable(order, func(i, j int) bool { return order[i].Key < order[j].Key })
+	sort.SliceStable(order, func(i, j int) bool {
+		a, b := order[i].order, order[j].order
+		for n := range a {
+			if a[n] != b[n] {
+				return a[n] < b[n]
+			}
+		}
+		return false
+	})
 	return order, nil
 }
 

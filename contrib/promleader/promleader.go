@@ -7,6 +7,8 @@
 package promleader
 
 import (
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +29,12 @@ import (
 //	pgleader_reconnects_total{election}                counter
 //	pgleader_last_renew_timestamp_seconds{election}    gauge, Unix time of the last successful renew
 //	pgleader_term{election}                            gauge, the current fencing term while leading
+//	pgleader_connected{election}                       gauge, 1 while the elector has its session (leader or follower)
+//	pgleader_build_info{version,goversion}             gauge, 1: the pgleader module's version
+//
+// Every series of an election, pgleader_demotions_total for each reason
+// included, exists at 0 from the first campaign on, so that rate() and
+// absent() alerts work before the first event.
 type Metrics struct {
 	isLeader     *prometheus.GaugeVec
 	masterStatus *prometheus.GaugeVec
@@ -37,6 +45,8 @@ type Metrics struct {
 	reconnects   *prometheus.CounterVec
 	lastRenew    *prometheus.GaugeVec
 	term         *prometheus.GaugeVec
+	connected    *prometheus.GaugeVec
+	buildInfo    *prometheus.GaugeVec
 }
 
 var _ leader.Observer = (*Metrics)(nil)
@@ -65,14 +75,37 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Unix time of the last successful renew."}, l),
 		term: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgleader_term",
 			Help: "The fencing term of the current tenure (0 when not leading or without fencing)."}, l),
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgleader_connected",
+			Help: "1 while the elector has its database session, leading or following; 0 while it reconnects."}, l),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgleader_build_info",
+			Help: "1, labelled with the pgleader module's version and the Go version."}, []string{"version", "goversion"}),
 	}
 	for _, c := range []prometheus.Collector{m.isLeader, m.masterStatus, m.elections, m.demotions,
-		m.acquireWait, m.renew, m.reconnects, m.lastRenew, m.term} {
+		m.acquireWait, m.renew, m.reconnects, m.lastRenew, m.term, m.connected, m.buildInfo} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
+	m.buildInfo.WithLabelValues(moduleVersion()).Set(1)
 	return m, nil
+}
+
+// moduleVersion is the version of the pgleader module in this build, and
+// the Go version.
+func moduleVersion() (string, string) {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown", runtime.Version()
+	}
+	for _, d := range append([]*debug.Module{&bi.Main}, bi.Deps...) {
+		if d.Path == "github.com/pgleader/pgleader" {
+			if d.Replace != nil && d.Replace.Version != "" {
+				return d.Replace.Version, bi.GoVersion
+			}
+			return d.Version, bi.GoVersion
+		}
+	}
+	return "unknown", bi.GoVersion
 }
 
 // Election returns the label value used for key: its name when it has one.
@@ -88,11 +121,17 @@ func (m *Metrics) setLeading(key leader.Key, v float64) {
 	m.masterStatus.WithLabelValues(Election(key)).Set(v)
 }
 
-// Campaigning makes the election's series exist, at 0.
+// Campaigning makes the election's series exist, at 0 (a demotion
+// counter for every reason), and marks it connected.
 func (m *Metrics) Campaigning(key leader.Key, _ string) {
+	el := Election(key)
 	m.setLeading(key, 0)
-	m.elections.WithLabelValues(Election(key))
-	m.reconnects.WithLabelValues(Election(key))
+	m.elections.WithLabelValues(el)
+	m.reconnects.WithLabelValues(el)
+	for _, r := range leader.ReasonLabels {
+		m.demotions.WithLabelValues(el, r)
+	}
+	m.connected.WithLabelValues(el).Set(1)
 }
 
 // LockWaited observes the acquire wait of a granted lock.
@@ -104,6 +143,7 @@ func (m *Metrics) LockWaited(key leader.Key, wait time.Duration, acquired bool) 
 
 // Elected counts an election and sets the leader gauges.
 func (m *Metrics) Elected(l leader.Leadership) {
+	m.connected.WithLabelValues(Election(l.Key)).Set(1)
 	m.elections.WithLabelValues(Election(l.Key)).Inc()
 	m.setLeading(l.Key, 1)
 	m.term.WithLabelValues(Election(l.Key)).Set(float64(l.Term))
@@ -126,4 +166,5 @@ func (m *Metrics) Demoted(l leader.Leadership, reason error) {
 // Reconnecting counts a reconnect attempt.
 func (m *Metrics) Reconnecting(key leader.Key, _ string, _ int, _ time.Duration, _ error) {
 	m.reconnects.WithLabelValues(Election(key)).Inc()
+	m.connected.WithLabelValues(Election(key)).Set(0)
 }

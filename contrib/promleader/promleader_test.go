@@ -124,6 +124,19 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, reg, "pgleader_elections_total", el); v != 1 {
 		t.Fatalf("elections_total %v", v)
 	}
+	// Every reason's counter exists at 0 before its first demotion; the
+	// elector is connected; the build is labelled.
+	for _, reason := range leader.ReasonLabels {
+		if v := metricValue(t, reg, "pgleader_demotions_total", map[string]string{"election": "metrics-test", "reason": reason}); v != 0 {
+			t.Fatalf("demotions{%s} %v before any demotion, want 0", reason, v)
+		}
+	}
+	if v := metricValue(t, reg, "pgleader_connected", el); v != 1 {
+		t.Fatalf("connected %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_build_info", nil); v != 1 {
+		t.Fatalf("build_info %v", v)
+	}
 	if v := metricValue(t, reg, "pgleader_acquire_wait_seconds", el); v != 1 {
 		t.Fatalf("acquire_wait count %v", v)
 	}
