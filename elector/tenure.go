@@ -238,6 +238,12 @@ func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
 		case <-dctx.Done():
 		}
 	}()
+	// Most callbacks return within microseconds of their context's
+	// cancel: wait for that briefly before reading the socket, whose
+	// interruption costs a handover more than the wait does.
+	if waitUntil(t.cbDone, time.Now().Add(2*time.Millisecond)) {
+		return nil
+	}
 	for {
 		select {
 		case <-t.cbDone:

@@ -348,12 +348,16 @@ func (l *Lease) watch(ctx context.Context, t *Target) (string, error) {
 			return "", ctx.Err()
 		case err == nil:
 			if n.Channel == t.Channel() && n.Payload != "" && n.PID != l.sess.PID {
-				// A new leader: the heir it was freed its slot. Poll soon,
-				// at a random point within an heir's wait, so that the
-				// slot is taken again without every watcher polling at
-				// once.
+				// A new leader: the heir it was freed its slot. A resigned
+				// leader, or a crashed one that reconnects, takes it at its
+				// first poll; in case neither comes back, one watcher in
+				// eight also polls soon, at a random point within an heir's
+				// wait, so that a large fleet refills the slot at once
+				// without all of it waking the server together.
 				q := t.quiet
-				q.nextPoll = minTime(q.nextPoll, time.Now().Add(rand.N(q.Wait+1)))
+				if rand.N(8) == 0 {
+					q.nextPoll = minTime(q.nextPoll, time.Now().Add(rand.N(q.Wait+1)))
+				}
 				return n.Payload, nil
 			}
 		case errors.Is(err, context.DeadlineExceeded):
