@@ -75,7 +75,7 @@ type Report struct {
 func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
 type harness struct {
-	promoted int64 // mono of the promotion, 0 before
+	promoted int64 // mono when the promotion was requested, 0 before
 	t        testing.TB
 	cfg      Config
 	rng      *rand.Rand
@@ -319,10 +319,13 @@ func (h *harness) schedule() {
 			bound = 5 * time.Second
 		case "failover":
 			h.primary.Stop(testpg.Immediate)
+			// From the promotion's request on, the standby may leave
+			// recovery at any moment, before Promote's own polling sees
+			// it; an election on it from then on is legitimate.
+			h.promoted = h.mono()
 			if err := h.standby.Promote(context.Background()); err != nil {
 				h.t.Fatalf("promote: %v", err)
 			}
-			h.promoted = h.mono()
 			h.current = h.standby
 			bound = 10 * time.Second
 		case "slow-drain":

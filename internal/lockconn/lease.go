@@ -35,7 +35,14 @@ func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
 	t.waitSQL = t.AcquireSQL("pg_advisory_lock")
 	t.trySQL = t.AcquireSQL("pg_try_advisory_lock")
 	t.checkSQL = t.CheckSQL()
-	t.unlockSQL = "SELECT pg_advisory_unlock(" + t.Args + "), set_config('idle_session_timeout', '0', false)"
+	// A quiet session's unlock also turns its server-side lease off (it
+	// holds nothing now), and when no heir took the lock at once (the
+	// probe finds it free) it announces the vacancy with an empty NOTIFY,
+	// so that watchers poll now instead of at their next poll.
+	n := len(t.Vals) + 1
+	t.unlockSQL = fmt.Sprintf("SELECT u, set_config('idle_session_timeout', '0', false), "+
+		"CASE WHEN u AND pg_try_advisory_lock_shared(%s) AND pg_advisory_unlock_shared(%s) THEN pg_notify($%d, '') END IS NOT NULL "+
+		"FROM (SELECT pg_advisory_unlock(%s) u) s", t.Args, t.Args, n, t.Args)
 	if bumpSQL != "" {
 		t.bumpSQL = bumpSQL
 		t.bumpArgs = []any{t.ClassID, t.ObjID, t.ObjSubID, keyName, identity}
@@ -251,7 +258,8 @@ func (l *Lease) Unlock(ctx context.Context, t *Target) error {
 		return Unlock(ctx, l.conn, t.Tag)
 	}
 	var ok bool
-	if err := l.conn.QueryRow(ctx, t.unlockSQL, append([]any{pgx.QueryExecModeExec}, t.Vals...)...).Scan(&ok, new(string)); err != nil {
+	args := append(append([]any{pgx.QueryExecModeExec}, t.Vals...), t.Channel())
+	if err := l.conn.QueryRow(ctx, t.unlockSQL, args...).Scan(&ok, new(string), new(bool)); err != nil {
 		return err
 	}
 	if !ok {

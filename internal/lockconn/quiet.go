@@ -347,6 +347,12 @@ func (l *Lease) watch(ctx context.Context, t *Target) (string, error) {
 		case ctx.Err() != nil:
 			return "", ctx.Err()
 		case err == nil:
+			if n.Channel == t.Channel() && n.Payload == "" && n.PID != l.sess.PID {
+				// A leader stepped down and no heir took the lock: poll
+				// now (within 20 ms, so that watchers spread out).
+				t.quiet.nextPoll = minTime(t.quiet.nextPoll, time.Now().Add(rand.N(20*time.Millisecond)))
+				continue
+			}
 			if n.Channel == t.Channel() && n.Payload != "" && n.PID != l.sess.PID {
 				// A new leader: the heir it was freed its slot. A resigned
 				// leader, or a crashed one that reconnects, takes it at its
@@ -391,8 +397,13 @@ func (l *Lease) notified(t *Target) string {
 		if n == nil {
 			return latest
 		}
-		if n.Channel == t.Channel() && n.Payload != "" && n.PID != l.sess.PID {
+		switch {
+		case n.Channel != t.Channel() || n.PID == l.sess.PID:
+		case n.Payload != "":
 			latest = n.Payload
+		case t.quiet != nil:
+			// A vacancy (see Target.unlockSQL) read with a round's reply.
+			t.quiet.nextPoll = minTime(t.quiet.nextPoll, time.Now().Add(rand.N(20*time.Millisecond)))
 		}
 	}
 }
