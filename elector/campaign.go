@@ -83,7 +83,7 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 // campaign runs one campaign round (see lockconn.Lease.Campaign), in one
 // round trip. On a quiet session an heir waits for the lock for
 // followerWait, and a watcher waits idle for a notification or its next
-// poll (at most RenewInterval), then polls; both learn the leader from
+// poll (at most LeaseDuration), then polls; both learn the leader from
 // notifications, and a lock they take is proven this session's in the
 // same round trip. The plain round looks up the holder and waits for at
 // most RenewInterval (lock_timeout). A round that ends busy leaves the

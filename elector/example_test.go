@@ -98,10 +98,14 @@ func ExampleElector_Elected() {
 // leads: Observe reports the leader now and at every change.
 func ExampleObserve() {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	key := leader.KeyFromName("example-observe")
 	seen := make(chan string, 8)
-	go elector.Observe(ctx, elector.DSN(exampleDSN()), key, func(identity string) { seen <- identity })
+	done := make(chan error, 1)
+	go func() {
+		done <- elector.Observe(ctx, elector.DSN(exampleDSN()), key, func(identity string) { seen <- identity })
+	}()
 	fmt.Printf("leader: %q\n", <-seen)
+	cancel()
+	<-done
 	// Output: leader: ""
 }
