@@ -40,7 +40,10 @@ import (
 // frees when its heir wins (the winning round releases it) or its session
 // ends; a watcher takes it at its next poll. When the leader and every heir
 // die at once, a watcher takes the free lock at its next poll: that
-// election takes up to Poll instead of a few milliseconds.
+// election takes up to Poll instead of a few milliseconds. A leader that
+// steps down while no heir queues (both were used up by quick successive
+// handovers) announces the vacancy with an empty NOTIFY in its unlock
+// statement, and the watchers poll at once.
 //
 // Every quiet session also holds its key's roster lock in share mode (in
 // the same space; it never conflicts with anything, as nobody takes it
