@@ -90,20 +90,18 @@ func (s *scriptLease) Confirm(ctx context.Context, t *lockconn.Target) (int64, e
 
 func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
 	s.record("renew")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.renews) == 0 {
-		return nil
-	}
-	err := s.renews[0]
-	s.renews = s.renews[1:]
-	return err
+	return s.nextRenew()
 }
 
 // Announce is a renew that also notifies followers; it takes its answer
 // from the renews script too.
 func (s *scriptLease) Announce(ctx context.Context, t *lockconn.Target) error {
 	s.record("announce")
+	return s.nextRenew()
+}
+
+// nextRenew pops the renews script's next answer (nil once it is empty).
+func (s *scriptLease) nextRenew() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.renews) == 0 {

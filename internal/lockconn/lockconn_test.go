@@ -496,3 +496,51 @@ func TestQuietHeirsAndWatchers(t *testing.T) {
 	wg.Wait()
 	ms[w].ls.Unlock(ctx, ms[w].t)
 }
+
+// The quiet functions refuse to lock on a backend that does not carry the
+// session's token (another client's state on a shared, pooled backend):
+// the round reports transaction pooling and takes nothing, on a watcher's
+// poll and on an heir's wait alike. That check is what lets a grant they
+// report skip the confirm round trip.
+func TestQuietRoundRefusesAForeignBackend(t *testing.T) {
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "foreign", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	key := leader.KeyFromName(t.Name())
+	target := lockconn.NewTarget(key, "", "", "")
+	if quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 100 * time.Millisecond, Poll: time.Millisecond, Heirs: 2}); err != nil || !quiet {
+		t.Fatalf("Watch: %v %v", quiet, err)
+	}
+	if _, err := ls.Conn().Exec(ctx, "SELECT set_config('pgleader.owner', 'another-client', false)"); err != nil {
+		t.Fatal(err)
+	}
+	held := func() int64 {
+		c, o, s := key.LockTag()
+		n, err := server(t).QueryInt(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = $3", c, o, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, role := range []string{"watcher", "heir"} {
+		if role == "heir" {
+			if err := ls.TakeSlot(target, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := ls.Campaign(ctx, target, false)
+		if !errors.Is(err, lockconn.ErrTransactionPooling) || r.Held {
+			t.Fatalf("%s's round on a foreign backend: %+v, %v; want ErrTransactionPooling", role, r, err)
+		}
+		if n := held(); n != 0 {
+			t.Fatalf("%s's round took the lock on a foreign backend (%d entries in pg_locks)", role, n)
+		}
+	}
+}

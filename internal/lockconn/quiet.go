@@ -87,19 +87,14 @@ const HeirClass int32 = 0x70674C48
 
 // quietTemplate is the functions' SQL for both key spaces; K stands for
 // the key's arguments, P for its parameters, MINE for "this backend holds
-// the lock".
+// the lock", GUARD for guardSQL.
 const quietTemplate = `
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(P, c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4) RETURNS int
 LANGUAGE plpgsql AS $f$
 DECLARE
   won int := 1;
 BEGIN
-  IF pg_is_in_recovery() THEN
-    RETURN 4;
-  END IF;
-  IF pg_backend_pid() <> pid OR current_setting('pgleader.owner', true) IS DISTINCT FROM tok THEN
-    RETURN 5;
-  END IF;
+  GUARD
   IF MINE THEN
     won := 3;
   ELSE
@@ -120,12 +115,7 @@ END $f$;
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_poll(P, c oid, o oid, s int2, pid int4, tok text, slots int4[], lease_ms int) RETURNS int
 LANGUAGE plpgsql AS $f$
 BEGIN
-  IF pg_is_in_recovery() THEN
-    RETURN 4;
-  END IF;
-  IF pg_backend_pid() <> pid OR current_setting('pgleader.owner', true) IS DISTINCT FROM tok THEN
-    RETURN 5;
-  END IF;
+  GUARD
   IF pg_try_advisory_lock_shared(K) AND pg_advisory_unlock_shared(K) THEN
     IF MINE THEN
       RETURN 3;
@@ -147,6 +137,16 @@ BEGIN
   RETURN 0;
 END $f$;`
 
+// guardSQL opens both functions: a standby gets 4 (ErrStandby), and a
+// backend other than the session's own, or without its token, gets 5
+// (ErrTransactionPooling), before anything is locked.
+const guardSQL = `IF pg_is_in_recovery() THEN
+    RETURN 4;
+  END IF;
+  IF pg_backend_pid() <> pid OR current_setting('pgleader.owner', true) IS DISTINCT FROM tok THEN
+    RETURN 5;
+  END IF;`
+
 const mineTemplate = `(pg_try_advisory_lock_shared(K) AND pg_advisory_unlock_shared(K)) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
       AND l.classid = c AND l.objid = o AND l.objsubid = s AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid())`
 
@@ -155,7 +155,7 @@ var quietFuncs = func() string {
 	var sb strings.Builder
 	for _, space := range [][2]string{{"k int8", "k"}, {"a int4, b int4", "a, b"}} {
 		mine := strings.ReplaceAll(mineTemplate, "(K)", "("+space[1]+")")
-		sb.WriteString(strings.NewReplacer("P,", space[0]+",", "(K)", "("+space[1]+")", "MINE", mine,
+		sb.WriteString(strings.NewReplacer("P,", space[0]+",", "(K)", "("+space[1]+")", "MINE", mine, "GUARD", guardSQL,
 			"HEIRCLASS", fmt.Sprint(HeirClass)).Replace(quietTemplate))
 	}
 	return sb.String()
