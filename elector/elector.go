@@ -152,7 +152,14 @@ func (e *Elector) Resign(ctx context.Context) error {
 	if t == nil || (fromCallback && own != t) {
 		return leader.ErrNotLeader // no tenure, or a past tenure's callback
 	}
-	t.stopWith(leader.ErrResigned) // stepDown cancels OnElected's context
+	// Stop trusting and cancel OnElected's context here rather than wait
+	// for the elector's loop to notice (it is reading the idle socket):
+	// the callback then returns while the loop wakes, which shortens a
+	// handover. stepDown does the same again, and the first cause stays.
+	e.leading.Store(false)
+	e.trustUntil.Store(0)
+	t.cancel(leader.ErrResigned)
+	t.stopWith(leader.ErrResigned)
 	if fromCallback {
 		return nil
 	}

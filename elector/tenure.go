@@ -3,6 +3,7 @@ package elector
 import (
 	"context"
 	"errors"
+	"runtime"
 	"time"
 
 	"github.com/pgleader/pgleader/leader"
@@ -106,6 +107,10 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 		defer t.stopWith(leader.ErrCallbackReturned)
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
+	// Let OnElected run first: the rest (the log line, the Observer, the
+	// announcing renew) can wait for it, the leader's work should not
+	// wait for them.
+	runtime.Gosched()
 	e.electedOnce.Do(func() { close(e.elected) })
 	// acquire_wait: from the start of the campaign (its first round) to the
 	// grant, as pgleader_acquire_wait_seconds.
