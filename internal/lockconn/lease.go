@@ -241,7 +241,19 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 // does. ctx's deadline is the trust window: past it the error is
 // ErrRenewDeadline.
 func (l *Lease) Renew(ctx context.Context, t *Target) error {
-	return CheckResult(l.conn.QueryRow(ctx, t.checkSQL, pgx.QueryExecModeExec), l.sess)
+	return CheckResult(l.conn.QueryRow(ctx, t.checkSQL, l.mode()), l.sess)
+}
+
+// mode is how the session sends its hot statements: a quiet session is
+// proven to be its backend's only client (see the functions' guard), so
+// it keeps them prepared and the server neither parses nor plans them
+// again; any other session sends them unnamed, which a transaction pooler
+// cannot break.
+func (l *Lease) mode() pgx.QueryExecMode {
+	if l.quiet {
+		return pgx.QueryExecModeCacheStatement
+	}
+	return pgx.QueryExecModeExec
 }
 
 // WaitIdle reads the idle session until `until`; see the function WaitIdle.
@@ -258,7 +270,7 @@ func (l *Lease) Unlock(ctx context.Context, t *Target) error {
 		return Unlock(ctx, l.conn, t.Tag)
 	}
 	var ok bool
-	args := append(append([]any{pgx.QueryExecModeExec}, t.Vals...), t.Channel())
+	args := append(append([]any{l.mode()}, t.Vals...), t.Channel())
 	if err := l.conn.QueryRow(ctx, t.unlockSQL, args...).Scan(&ok, new(string), new(bool)); err != nil {
 		return err
 	}

@@ -277,7 +277,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	var args []any
 	if q.heir >= 0 {
 		sql = q.waitSQL
-		args = append(append(args, t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), q.slots[q.heir])
+		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), q.slots[q.heir])
 	} else {
 		if holder, err := l.watch(ctx, t); holder != "" || err != nil {
 			return Round{Holder: holder, Busy: true}, err
@@ -288,7 +288,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 			ms := int32(q.Lease.Milliseconds())
 			lease = &ms
 		}
-		args = append(append(args, t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease)
+		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease)
 		q.nextPoll = time.Now().Add(q.Poll*3/4 + rand.N(q.Poll/4+1))
 	}
 	var code int32
