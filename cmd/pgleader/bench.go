@@ -181,6 +181,7 @@ type handoverFleet struct {
 	f      *fleet.Fleet
 	next   int
 	cur    fleet.Event
+	settle time.Duration // from one election to the next run's start
 }
 
 // newHandoverFleet starts n candidates (bare: pg_advisory_lock waiters,
@@ -192,7 +193,14 @@ func (b *bencher) newHandoverFleet(kind string, n int, bare bool) (*handoverFlee
 	if bare {
 		h.queued = n - 1
 	}
+	// Each run starts once the fleet has settled after the last election:
+	// the resigned or replaced candidate has rejoined and, in a crowd, the
+	// announcement has woken every follower and the watchers' early polls
+	// (within an heir's wait, 0.8 × deadlock_timeout) are over. Back-to-back
+	// handovers measure that wake-up instead of the handover.
+	h.settle = 100 * time.Millisecond
 	if strings.HasPrefix(kind, "crowd") {
+		h.settle = 1500 * time.Millisecond
 		h.o.Interval, h.o.Deadline, h.o.Lease = b.crowd.Interval, b.crowd.Deadline, b.crowd.Lease
 	}
 	for i := 0; i < n; i++ {
@@ -222,6 +230,9 @@ func (h *handoverFleet) add() error {
 // candidate's "elected".
 func (h *handoverFleet) once(kind string) (took float64, err error) {
 	b := h.b
+	if d := h.settle - time.Duration(fleet.Mono()-h.cur.Mono); d > 0 {
+		time.Sleep(d)
+	}
 	if err := waitQueued(context.Background(), b.admin, h.key, h.queued); err != nil {
 		return 0, err
 	}
