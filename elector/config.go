@@ -137,6 +137,23 @@ type Config struct {
 	// of Key in a table, and OnElected's Leadership carries it. Off by
 	// default.
 	Fencing Fencing
+
+	// ResignRequests decides who may ask this elector, while it leads, to
+	// hand over (RequestResign, pgleader resign). By default a superuser
+	// and any member of the elector's own role may.
+	ResignRequests ResignRequests
+}
+
+// ResignRequests decides who may ask a leader to hand over from outside
+// its process (see RequestResign). The leader reads the asker's role from
+// pg_stat_activity by the backend pid the server stamps on the request,
+// which no client can forge.
+type ResignRequests struct {
+	// Disabled refuses every request (the asker is told so).
+	Disabled bool
+	// Roles also allows members of these roles, besides superusers and
+	// members of the elector's own role (its session_user).
+	Roles []string
 }
 
 // Fencing configures fencing terms (see leader.Fence).

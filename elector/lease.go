@@ -21,7 +21,12 @@ type lease interface {
 	Confirm(ctx context.Context, t *lockconn.Target) (term int64, err error)
 	Renew(ctx context.Context, t *lockconn.Target) error
 	Announce(ctx context.Context, t *lockconn.Target) error
-	WaitIdle(ctx context.Context, until time.Time) error
+	WaitIdle(ctx context.Context, t *lockconn.Target, until time.Time) (lockconn.Request, error)
+	Requester(ctx context.Context, pid uint32, roles []string) (role string, allowed, found bool, err error)
+	Reply(ctx context.Context, pid uint32, msg string) error
+	Standing(ctx context.Context, t *lockconn.Target, identity string) (bool, error)
+	Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error
+	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
 	Unlock(ctx context.Context, t *lockconn.Target) error
 	Close()
 }

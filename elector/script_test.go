@@ -112,13 +112,28 @@ func (s *scriptLease) nextRenew() error {
 	return err
 }
 
-func (s *scriptLease) WaitIdle(ctx context.Context, until time.Time) error {
+func (s *scriptLease) WaitIdle(ctx context.Context, t *lockconn.Target, until time.Time) (lockconn.Request, error) {
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return lockconn.Request{}, ctx.Err()
 	case <-time.After(time.Until(until)):
-		return nil
+		return lockconn.Request{}, nil
 	}
+}
+
+// The scripted lease gets no resign requests.
+func (s *scriptLease) Requester(context.Context, uint32, []string) (string, bool, bool, error) {
+	return "", false, false, nil
+}
+func (s *scriptLease) Reply(context.Context, uint32, string) error { return nil }
+func (s *scriptLease) Standing(context.Context, *lockconn.Target, string) (bool, error) {
+	return false, nil
+}
+func (s *scriptLease) Reserve(context.Context, *lockconn.Target, string, time.Duration) error {
+	return nil
+}
+func (s *scriptLease) Unreserve(context.Context, *lockconn.Target, string, time.Duration) (string, error) {
+	return "", nil
 }
 
 func (s *scriptLease) Unlock(ctx context.Context, t *lockconn.Target) error {

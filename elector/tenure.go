@@ -3,9 +3,11 @@ package elector
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"time"
 
+	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/leader"
 	"go.uber.org/zap"
 )
@@ -23,6 +25,9 @@ type tenure struct {
 	demoted  chan struct{} // closed after OnDemoted
 	trust    window
 	log      *zap.Logger
+	// handoverTo: the candidate this tenure hands over to (a resign
+	// request named it, and the lock is reserved for it).
+	handoverTo string
 }
 
 // window is a tenure's trust window. The leader trusts its leadership until
@@ -126,18 +131,87 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 // context) or a fault.
 func (e *Elector) hold(t *tenure, ls lease) error {
 	for {
-		werr := ls.WaitIdle(t.stop, t.trust.nextRenew())
+		req, werr := ls.WaitIdle(t.stop, e.target, t.trust.nextRenew())
 		switch {
 		case t.stop.Err() != nil:
 			return context.Cause(t.stop)
 		case werr != nil:
 			return werr
+		case req.PID != 0:
+			if reason := e.request(t, ls, req); reason != nil {
+				return reason
+			}
+			if time.Now().Before(t.trust.nextRenew()) {
+				continue
+			}
 		}
 		if err := e.renew(t, ls, true, false); err != nil {
 			return err
 		}
 	}
 }
+
+// request answers a resign request (see RequestResign): it returns the
+// reason to step down when the request is granted, nil to keep leading.
+// With a named candidate it first reserves the lock for it (see
+// lockconn.Lease.Reserve); stepDown releases the reservation once the
+// candidate holds the lock.
+func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
+	c := e.cfg
+	ctx, cancel := context.WithTimeout(context.Background(), c.RenewDeadline)
+	defer cancel()
+	log := t.log.With(zap.Uint32("asker_pid", req.PID), zap.String("to", req.To))
+	answer := func(msg string) {
+		if err := ls.Reply(ctx, req.PID, msg); err != nil {
+			log.Warn("could not answer a resign request", zap.Error(err))
+		}
+	}
+	if c.ResignRequests.Disabled {
+		log.Info("resign request refused: this elector takes none (ResignRequests.Disabled)")
+		answer("refused: " + c.Identity + " takes no resign requests")
+		return nil
+	}
+	role, allowed, found, err := ls.Requester(ctx, req.PID, c.ResignRequests.Roles)
+	switch {
+	case err != nil:
+		log.Warn("could not read who asked to resign", zap.Error(err))
+		return nil
+	case !found:
+		log.Info("resign request ignored: the asker's session is gone")
+		return nil
+	case !allowed:
+		log.Warn("resign request refused: role not allowed", zap.String("role", role))
+		answer(fmt.Sprintf("refused: role %q may not ask %s to resign (a superuser, a member of its role, or of ResignRequests.Roles may)", role, c.Identity))
+		return nil
+	}
+	log = log.With(zap.String("role", role))
+	why := fmt.Sprintf("requested by role %s (pid %d)", role, req.PID)
+	if req.To != "" {
+		if req.To == c.Identity {
+			answer("refused: " + c.Identity + " already leads")
+			return nil
+		}
+		if ok, err := ls.Standing(ctx, e.target, req.To); err != nil || !ok {
+			log.Info("resign request refused: no such candidate", zap.Error(err))
+			answer(fmt.Sprintf("unknown: no candidate named %q stands for this key", req.To))
+			return nil
+		}
+		if err := ls.Reserve(ctx, e.target, req.To, handoverQueueWait); err != nil {
+			log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
+			answer("failed: " + err.Error())
+			return nil
+		}
+		t.handoverTo = req.To
+		why = "handover to " + req.To + " " + why
+	}
+	log.Info("resign request granted")
+	answer("ok")
+	return fmt.Errorf("%w: %s", leader.ErrResigned, why)
+}
+
+// handoverQueueWait bounds how long a leader waits for a named candidate to
+// queue on the lock, and then for it to take the lock after the unlock.
+const handoverQueueWait = 2 * time.Second
 
 // renew proves that this session's backend still holds the lock (with
 // announce, it also announces the leader; see lockconn.Lease.Announce).
@@ -190,6 +264,9 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 		switch fault := e.drain(t, ls, releaseAt); {
 		case fault == nil:
 			keepConn = e.unlock(ls) == nil
+			if keepConn && t.handoverTo != "" {
+				keepConn = e.unreserve(t, ls)
+			}
 		case errors.Is(fault, errReleaseTimeout):
 			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
 				zap.Duration("release_timeout", c.ReleaseTimeout))
@@ -255,7 +332,7 @@ func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
 			return nil
 		default:
 		}
-		werr := ls.WaitIdle(dctx, t.trust.nextRenew())
+		_, werr := ls.WaitIdle(dctx, e.target, t.trust.nextRenew())
 		select {
 		case <-t.cbDone:
 			return nil
@@ -291,6 +368,24 @@ func (e *Elector) setLeaderIfSelf() {
 		empty := ""
 		e.leaderID.Store(&empty)
 	}
+}
+
+// unreserve waits for the named candidate to take the lock, then releases
+// the reservation; it reports whether the connection is still fit for use.
+func (e *Elector) unreserve(t *tenure, ls lease) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), handoverQueueWait+e.cfg.RenewDeadline)
+	defer cancel()
+	holder, err := ls.Unreserve(ctx, e.target, t.handoverTo, handoverQueueWait)
+	switch {
+	case err != nil:
+		t.log.Warn("could not release the handover's reservation; closing the connection", zap.Error(err))
+		return false
+	case holder != t.handoverTo:
+		t.log.Warn("handover: the named candidate did not take the lock", zap.String("to", t.handoverTo), zap.String("holder", holder))
+	default:
+		t.log.Info("handed over", zap.String("to", holder))
+	}
+	return true
 }
 
 // unlock releases the lock once. It fails when the lock was not held, which

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/leader"
 )
 
 // ErrNotLive and ErrNotReady are wrapped by the probes' errors.
@@ -63,6 +64,13 @@ type Options struct {
 	// Name is the check's name for Kubernetes-style registries. Default
 	// "pgleader".
 	Name string
+	// AllowResign makes Handler also serve POST /resign, which makes this
+	// process's elector step down gracefully (Elector.Resign). Off by
+	// default: anyone who can reach the handler could then move
+	// leadership, so serve it on a port only operators reach. To hand
+	// over from outside the process, to a named candidate and with a role
+	// check, see elector.RequestResign and pgleader resign.
+	AllowResign bool
 }
 
 // Checker answers liveness and readiness for one elector.
@@ -189,7 +197,33 @@ func (c *Checker) Handler() http.Handler {
 	mux.Handle("/livez", c.LivezHandler())
 	mux.Handle("/readyz", c.ReadyzHandler())
 	mux.Handle("/status", c.StatusHandler())
+	if c.opts.AllowResign {
+		mux.Handle("/resign", c.ResignHandler())
+	}
 	return mux
+}
+
+// ResignHandler steps the elector down on POST (200 "resigned" once
+// OnDemoted ran; 409 when it does not lead; 405 for other methods).
+// Handler serves it at /resign only with Options.AllowResign.
+func (c *Checker) ResignHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "use POST", http.StatusMethodNotAllowed)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), c.e.Status().ReleaseTimeout+c.e.Status().RenewDeadline)
+		defer cancel()
+		switch err := c.e.Resign(ctx); {
+		case errors.Is(err, leader.ErrNotLeader):
+			http.Error(w, "not the leader", http.StatusConflict)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		default:
+			w.Write([]byte("resigned\n"))
+		}
+	})
 }
 
 // NamedCheck is the Kubernetes-style shape: controller-runtime's

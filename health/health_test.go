@@ -293,3 +293,38 @@ func waitForWaiter(t *testing.T, s *testpg.Server, key leader.Key, id string) {
 		t.Fatal(err)
 	}
 }
+
+// POST /resign steps the leader down, only when AllowResign is set.
+func TestResignEndpoint(t *testing.T) {
+	conn := elector.DSN(shared.DSN())
+	key := leader.KeyFromName(t.Name())
+	a := startNode(t, conn, key, "resign-a", nil, health.Options{AllowResign: true})
+	wait(t, a.elected, "a elected")
+	b := startNode(t, conn, key, "resign-b", nil, health.Options{})
+	if code, _ := b.get(t, "/resign"); code != http.StatusNotFound {
+		t.Fatalf("/resign without AllowResign: %d, want 404", code)
+	}
+	if code, _ := a.get(t, "/resign"); code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET /resign: %d, want 405", code)
+	}
+	resp, err := http.Post(a.http.URL+"/resign", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /resign: %d", resp.StatusCode)
+	}
+	if reason := wait(t, a.demoted, "a demoted"); !errors.Is(reason, leader.ErrResigned) {
+		t.Fatalf("demoted for %v", reason)
+	}
+	wait(t, b.elected, "b elected")
+	resp, err = http.Post(a.http.URL+"/resign", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("POST /resign on a follower: %d, want 409", resp.StatusCode)
+	}
+}

@@ -64,6 +64,21 @@ func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// Errors of a resign request (elector.RequestResign, pgleader resign).
+var (
+	// ErrNoLeader: nobody holds the key.
+	ErrNoLeader = errors.New("pgleader: no leader")
+	// ErrNotCandidate: the named identity does not stand for the key.
+	ErrNotCandidate = errors.New("pgleader: no such candidate")
+	// ErrRefused: the leader refused the request; the error says why (the
+	// asker's role may not ask, the leader takes no requests, or it could
+	// not reserve the lock for the named candidate).
+	ErrRefused = errors.New("pgleader: resign request refused")
+	// ErrNoAnswer: the leader did not answer in time (it runs a pgleader
+	// without resign requests, or its process is paused).
+	ErrNoAnswer = errors.New("pgleader: the leader did not answer")
+)
+
 // Errors about fencing terms.
 
 // ErrFenced is returned by Fence when a newer term exists: a later leader

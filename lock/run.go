@@ -150,7 +150,7 @@ func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, las
 	}()
 	var lost error
 	for lost == nil {
-		werr := ls.WaitIdle(fnDone, lastOK.Add(interval))
+		_, werr := ls.WaitIdle(fnDone, t, lastOK.Add(interval))
 		if fnDone.Err() != nil {
 			break
 		}

@@ -5,6 +5,7 @@
 //	pgleader status [--json] [--watch]      list every advisory lock, holder and waiters
 //	pgleader lock NAME -- cmd args...       run cmd once if the lock is free (like flock -n)
 //	pgleader elect NAME -- cmd args...      run cmd while this process leads (active/passive)
+//	pgleader resign NAME [--to ID]          ask NAME's leader to hand over, gracefully
 //	pgleader demo                           3 electors, a resign, a killed leader, a killed backend
 //	pgleader bench                          measure failover (see docs/benchmarks.md)
 //
@@ -31,7 +32,8 @@ const (
 	exitError    = 1
 	exitUsage    = 2
 	exitLockHeld = 75 // EX_TEMPFAIL: try again later
-	exitNoLeader = 3  // status NAME: nobody holds the lock
+	exitNoLeader = 3  // status NAME, resign NAME: nobody holds the lock
+	exitRefused  = 4  // resign: refused, or no such candidate
 )
 
 const usage = `pgleader: leader election and advisory locks on PostgreSQL
@@ -40,6 +42,7 @@ Usage:
   pgleader status [--dsn DSN] [--json] [--watch] [--name NAME]... [NAME]
   pgleader lock   [--dsn DSN] [--wait DURATION] NAME -- COMMAND [ARGS...]
   pgleader elect  [--dsn DSN] [--grace DURATION] NAME -- COMMAND [ARGS...]
+  pgleader resign [--dsn DSN] [--to IDENTITY] NAME
   pgleader demo   [--dsn DSN]
   pgleader bench  [--dsn DSN] [--runs N] [--scenarios LIST] [--json]
   pgleader version
@@ -52,7 +55,8 @@ Exit codes:
   1   error (connection, SQL, ...)
   2   usage error
   75  lock held by another session (lock without --wait, or --wait ran out)
-  3   status NAME: nobody leads NAME
+  3   status NAME, resign NAME: nobody leads NAME
+  4   resign: the leader refused, or no candidate has that identity
   N   lock passes the command's exit code through; 128+SIG when the
       command was killed by signal SIG (elect does not: its command may run
       many times; it prints each exit code on stderr)
@@ -85,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"bench":     cmdBench,
 		"candidate": cmdCandidate,
 		"version":   cmdVersion,
+		"resign":    cmdResign,
 	}
 	name := args[0]
 	if name == "help" || name == "-h" || name == "--help" {

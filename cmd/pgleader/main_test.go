@@ -480,3 +480,58 @@ func TestStatusOneNameOrderAndVersion(t *testing.T) {
 		t.Fatalf("version: exit %d, %q", code, out)
 	}
 }
+
+// pgleader resign hands over between two elect supervisors, to any and to
+// a named one, and gives clear exit codes.
+func TestResign(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "runs")
+	for _, id := range []string{"r-a", "r-b", "r-c"} {
+		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "resignable", "--",
+			"sh", "-c", fmt.Sprintf("echo %s >> %s; exec sleep 600", id, log))
+		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	first := waitLines(t, log, 1)[0]
+	waitWaiting(t, dsn, leader.KeyFromName("resignable"))
+	resign := func(args ...string) (string, int) {
+		out, err := exec.Command(bin, append([]string{"resign", "--dsn", dsn}, args...)...).CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), code
+	}
+	out, code := resign("resignable")
+	if code != 0 || !strings.Contains(out, first+" handed over to") {
+		t.Fatalf("resign: exit %d: %s", code, out)
+	}
+	t.Log(strings.TrimSpace(out))
+	second := waitLines(t, log, 2)[1]
+	var third string
+	for _, id := range []string{"r-a", "r-b", "r-c"} {
+		if id != first && id != second {
+			third = id
+		}
+	}
+	out, code = resign("resignable", "--to", third)
+	if code != 0 || !strings.Contains(out, "handed over to "+third) {
+		t.Fatalf("resign --to %s: exit %d: %s", third, code, out)
+	}
+	t.Log(strings.TrimSpace(out))
+	if got := waitLines(t, log, 3)[2]; got != third {
+		t.Fatalf("%s ran the command, want %s", got, third)
+	}
+	if out, code = resign("resignable", "--to", "nobody"); code != exitRefused {
+		t.Fatalf("resign --to nobody: exit %d: %s", code, out)
+	}
+	if out, code = resign("nothing-here"); code != exitNoLeader || !strings.Contains(out, "NO LEADER") {
+		t.Fatalf("resign of a free name: exit %d: %s", code, out)
+	}
+}

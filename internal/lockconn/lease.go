@@ -85,6 +85,7 @@ type Lease struct {
 	sess       Session
 	quietTried bool
 	quiet      bool // the quiet round's function exists in this session
+	identity   string
 }
 
 // Open configures conn as a lock session (see Setup) and returns its Lease,
@@ -94,7 +95,7 @@ func Open(ctx context.Context, conn *pgx.Conn, s Settings) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{conn: conn, sess: sess}, nil
+	return &Lease{conn: conn, sess: sess, identity: s.Identity}, nil
 }
 
 // PID is the session's backend pid.
@@ -226,6 +227,11 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
 	b.Queue(notifySQL, t.Channel())
+	if !l.quiet {
+		// A quiet session listens from Watch on; a plain one from its
+		// first election, to hear resign requests.
+		b.Queue("LISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize())
+	}
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
@@ -233,6 +239,11 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	}
 	if _, err := br.Exec(); err != nil {
 		return err
+	}
+	if !l.quiet {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
 	}
 	return br.Close()
 }
@@ -256,9 +267,26 @@ func (l *Lease) mode() pgx.QueryExecMode {
 	return pgx.QueryExecModeExec
 }
 
-// WaitIdle reads the idle session until `until`; see the function WaitIdle.
-func (l *Lease) WaitIdle(ctx context.Context, until time.Time) error {
-	return WaitIdle(ctx, l.conn, until)
+// WaitIdle reads the idle session until `until`, as the function WaitIdle
+// does, and returns early with a resign request for t (see handover.go).
+func (l *Lease) WaitIdle(ctx context.Context, t *Target, until time.Time) (Request, error) {
+	for {
+		wctx, cancel := context.WithDeadline(ctx, until)
+		n, err := l.conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return Request{}, ctx.Err()
+		case err == nil:
+			if n.Channel == t.ResignChannel() && n.PID != l.sess.PID {
+				return Request{PID: n.PID, To: n.Payload}, nil
+			}
+		case errors.Is(err, context.DeadlineExceeded):
+			return Request{}, nil
+		default:
+			return Request{}, fmt.Errorf("%w: %w", ErrConnectionLost, err)
+		}
+	}
 }
 
 // Unlock releases the lock once; it fails (ErrLockLost) when the lock was

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The quiet follower. A plain lock wait that ends in lock_timeout is an
@@ -89,7 +90,7 @@ const HeirClass int32 = 0x70674C48
 // the key's arguments, P for its parameters, MINE for "this backend holds
 // the lock", GUARD for guardSQL.
 const quietTemplate = `
-CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(P, c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4) RETURNS int
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(P, c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4, gate int4, me int4) RETURNS int
 LANGUAGE plpgsql AS $f$
 DECLARE
   won int := 1;
@@ -107,12 +108,13 @@ BEGIN
       END IF;
     END;
   END IF;
+  RESERVED
   IF heir IS NOT NULL THEN
     PERFORM pg_advisory_unlock(HEIRCLASS, heir);
   END IF;
   RETURN won;
 END $f$;
-CREATE OR REPLACE FUNCTION pg_temp.pgleader_poll(P, c oid, o oid, s int2, pid int4, tok text, slots int4[], lease_ms int) RETURNS int
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_poll(P, c oid, o oid, s int2, pid int4, tok text, slots int4[], lease_ms int, gate int4, me int4) RETURNS int
 LANGUAGE plpgsql AS $f$
 BEGIN
   GUARD
@@ -120,6 +122,7 @@ BEGIN
     IF MINE THEN
       RETURN 3;
     ELSIF pg_try_advisory_lock(K) THEN
+      RESERVED
       IF lease_ms IS NOT NULL THEN
         PERFORM set_config('idle_session_timeout', lease_ms::text, false);
       END IF;
@@ -136,6 +139,15 @@ BEGIN
   END LOOP;
   RETURN 0;
 END $f$;`
+
+// reservedSQL gives a lock just won back when a handover reserves it for
+// another candidate (see Lease.Reserve): the key's gate lock is held by the
+// leader that hands over, and this session's name lock is not (6).
+const reservedSQL = `IF NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate) AND pg_advisory_unlock_shared(HEIRCLASS, gate))
+    AND (pg_try_advisory_lock_shared(HEIRCLASS, me) AND pg_advisory_unlock_shared(HEIRCLASS, me)) THEN
+    PERFORM pg_advisory_unlock(K);
+    RETURN 6;
+  END IF;`
 
 // guardSQL opens both functions: a standby gets 4 (ErrStandby), and a
 // backend other than the session's own, or without its token, gets 5
@@ -155,8 +167,9 @@ var quietFuncs = func() string {
 	var sb strings.Builder
 	for _, space := range [][2]string{{"k int8", "k"}, {"a int4, b int4", "a, b"}} {
 		mine := strings.ReplaceAll(mineTemplate, "(K)", "("+space[1]+")")
-		sb.WriteString(strings.NewReplacer("P,", space[0]+",", "(K)", "("+space[1]+")", "MINE", mine, "GUARD", guardSQL,
-			"HEIRCLASS", fmt.Sprint(HeirClass)).Replace(quietTemplate))
+		tmpl := strings.NewReplacer("GUARD", guardSQL, "RESERVED", reservedSQL).Replace(quietTemplate)
+		sb.WriteString(strings.NewReplacer("P,", space[0]+",", "(K)", "("+space[1]+")", "MINE", mine,
+			"HEIRCLASS", fmt.Sprint(HeirClass)).Replace(tmpl))
 	}
 	return sb.String()
 }()
@@ -208,15 +221,22 @@ type quietState struct {
 	slots            []int32
 	heir             int // the heir slot this session holds, or -1
 	nextPoll         time.Time
+	// namedUntil: a handover names this session (see handover.go), so it
+	// queues on the lock until then, slot or not.
+	namedUntil time.Time
+	// pauseUntil: the lock this session won was reserved for another
+	// candidate; it waits before queueing again.
+	pauseUntil time.Time
+	gate, me   int32 // the key's gate lock and this session's name lock
 }
 
 // prepareQuiet builds t's quiet SQL for the session sess.
-func (t *Target) prepareQuiet(q Quiet) {
+func (t *Target) prepareQuiet(q Quiet, identity string) {
 	n := len(t.Vals) + 1
 	common := fmt.Sprintf("%s, %d::oid, %d::oid, %d::int2, $%d::int4, $%d::text", t.Args, t.ClassID, t.ObjID, t.ObjSubID, n, n+1)
 	st := &quietState{Quiet: q, heir: -1,
-		waitSQL: fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4)", common, n+2, n+3),
-		pollSQL: fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4)", common, n+2, n+3),
+		waitSQL: fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
+		pollSQL: fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
 	}
 	if st.Slack <= 0 {
 		st.Slack = 2 * time.Second
@@ -225,6 +245,7 @@ func (t *Target) prepareQuiet(q Quiet) {
 	for i := range q.Heirs {
 		st.slots = append(st.slots, r+1+int32(i))
 	}
+	st.gate, st.me = t.Gate(), t.NameLock(identity)
 	t.quiet = st
 }
 
@@ -237,7 +258,7 @@ func (t *Target) prepareQuiet(q Quiet) {
 // session keeps the plain round, and that is no error. Call it once per
 // session and target.
 func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, holder string, err error) {
-	join := "LISTEN " + pgx.Identifier{t.Channel()}.Sanitize() +
+	join := "LISTEN " + pgx.Identifier{t.Channel()}.Sanitize() + ";\nLISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize() +
 		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d)", HeirClass, t.Roster())
 	if q.Lease > 0 && q.Wait > 0 {
 		join += ", set_config('idle_session_timeout', '0', false)" // a watcher holds no lock
@@ -260,7 +281,7 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 		}
 	}
 	if l.quiet && q.Wait > 0 {
-		t.prepareQuiet(q)
+		t.prepareQuiet(q, l.identity)
 	}
 	holder, _, _, err = scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
 	if err != nil {
@@ -275,25 +296,39 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	q := t.quiet
 	var sql string
 	var args []any
-	if q.heir >= 0 {
-		sql = q.waitSQL
-		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), q.slots[q.heir])
-	} else {
-		if holder, err := l.watch(ctx, t); holder != "" || err != nil {
+	if time.Now().Before(q.pauseUntil) {
+		if holder, err := l.watch(ctx, t, &q.pauseUntil); holder != "" || err != nil {
 			return Round{Holder: holder, Busy: true}, err
 		}
+	}
+	waiting := q.heir >= 0 || time.Now().Before(q.namedUntil)
+	if !waiting {
+		if holder, err := l.watch(ctx, t, &q.nextPoll); holder != "" || err != nil {
+			return Round{Holder: holder, Busy: true}, err
+		}
+		waiting = time.Now().Before(q.namedUntil)
+	}
+	if waiting {
+		waiting = true
+		sql = q.waitSQL
+		var slot *int32
+		if q.heir >= 0 {
+			slot = &q.slots[q.heir]
+		}
+		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), slot, q.gate, q.me)
+	} else {
 		sql = q.pollSQL
 		var lease *int32
 		if q.Lease > 0 {
 			ms := int32(q.Lease.Milliseconds())
 			lease = &ms
 		}
-		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease)
+		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease, q.gate, q.me)
 		q.nextPoll = time.Now().Add(q.Poll*3/4 + rand.N(q.Poll/4+1))
 	}
 	var code int32
 	sent := time.Now()
-	if q.heir >= 0 {
+	if waiting {
 		// Stopping does not cancel an heir's lock wait: the server would
 		// log the cancel as an ERROR with its statement. The wait ends by
 		// itself within Wait; only the client-side deadline, Wait plus
@@ -307,7 +342,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		defer cancel()
 	}
 	if err := l.conn.QueryRow(ctx, sql, args...).Scan(&code); err != nil {
-		if q.heir >= 0 && ctx.Err() == context.DeadlineExceeded {
+		if waiting && ctx.Err() == context.DeadlineExceeded {
 			return Round{}, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, q.Wait, q.Slack, err)
 		}
 		return Round{}, Pooling(err)
@@ -324,6 +359,11 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		return rd, fmt.Errorf("%w: the session's function ran on a backend other than the session's own (pid %d) or without its token", ErrTransactionPooling, l.sess.PID)
 	case 0:
 		rd.Busy = true
+	case 6:
+		// Won, and given back: a handover reserves the lock for another
+		// candidate. Wait a little rather than win it again at once.
+		rd.Busy = true
+		q.pauseUntil = time.Now().Add(50 * time.Millisecond)
 	default:
 		if i := int(code) - 10; i >= 0 && i < len(q.slots) && q.heir < 0 {
 			q.heir = i
@@ -334,26 +374,32 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	}
 	if rd.Held {
 		q.heir = -1 // a win releases the slot
+		q.namedUntil = time.Time{}
 	}
 	return rd, nil
 }
 
-// watch waits, as a watcher, until its next poll is due: it returns
-// earlier with the leader a notification announced (its own session's
-// announcements are not news).
-func (l *Lease) watch(ctx context.Context, t *Target) (string, error) {
-	for time.Now().Before(t.quiet.nextPoll) {
-		wctx, cancel := context.WithDeadline(ctx, t.quiet.nextPoll)
+// watch waits, as a watcher, until *until (its next poll) is due: it
+// returns earlier with the leader a notification announced (its own
+// session's announcements are not news), and at once when a handover names
+// this session.
+func (l *Lease) watch(ctx context.Context, t *Target, until *time.Time) (string, error) {
+	for time.Now().Before(*until) {
+		wctx, cancel := context.WithDeadline(ctx, *until)
 		n, err := l.conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return "", ctx.Err()
 		case err == nil:
+			if l.named(t, n) {
+				return "", nil
+			}
 			if n.Channel == t.Channel() && n.Payload == "" && n.PID != l.sess.PID {
 				// A leader stepped down and no heir took the lock: poll
 				// now (within 20 ms, so that watchers spread out).
 				t.quiet.nextPoll = minTime(t.quiet.nextPoll, time.Now().Add(rand.N(20*time.Millisecond)))
+				*until = minTime(*until, t.quiet.nextPoll)
 				continue
 			}
 			if n.Channel == t.Channel() && n.Payload != "" && n.PID != l.sess.PID {
@@ -364,6 +410,7 @@ func (l *Lease) watch(ctx context.Context, t *Target) (string, error) {
 				// wait, so that a large fleet refills the slot at once
 				// without all of it waking the server together.
 				q := t.quiet
+				q.namedUntil = time.Time{}
 				if rand.N(8) == 0 {
 					q.nextPoll = minTime(q.nextPoll, time.Now().Add(rand.N(q.Wait+1)))
 				}
@@ -401,9 +448,13 @@ func (l *Lease) notified(t *Target) string {
 			return latest
 		}
 		switch {
+		case l.named(t, n):
 		case n.Channel != t.Channel() || n.PID == l.sess.PID:
 		case n.Payload != "":
 			latest = n.Payload
+			if t.quiet != nil {
+				t.quiet.namedUntil = time.Time{}
+			}
 		case t.quiet != nil:
 			// A vacancy (see Target.unlockSQL) read with a round's reply.
 			t.quiet.nextPoll = minTime(t.quiet.nextPoll, time.Now().Add(rand.N(20*time.Millisecond)))
@@ -417,3 +468,18 @@ var doneCtx = func() context.Context {
 	cancel()
 	return ctx
 }()
+
+// named notes a resign request that names this session: it then queues on
+// the lock for up to namedFor, so that the leader's reservation can hand
+// the lock to it (see handover.go).
+func (l *Lease) named(t *Target, n *pgconn.Notification) bool {
+	if n.Channel != t.ResignChannel() || n.Payload == "" || n.Payload != l.identity || t.quiet == nil {
+		return false
+	}
+	t.quiet.namedUntil = time.Now().Add(namedFor)
+	return true
+}
+
+// namedFor is how long a named candidate keeps queueing on the lock: long
+// enough for the leader's OnElected to return in most handovers.
+const namedFor = 15 * time.Second

@@ -1,0 +1,126 @@
+package elector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Handover is what a granted resign request led to.
+type Handover struct {
+	// From is the leader that stepped down, To the one that leads now.
+	From, To string
+	// Took is from the request to the new leader seen in pg_locks, as the
+	// asker measured it (an upper bound: the lock changed hands earlier).
+	Took time.Duration
+}
+
+// RequestResign asks the current leader of key, wherever it runs, to hand
+// over gracefully: its OnElected context is cancelled, it drains, it
+// unlocks, and a waiting candidate takes over. With to set, the leader
+// reserves the lock for the candidate of that identity, which must stand
+// for key (quiet candidates only: a candidate on a session without its
+// campaign functions can still win a reserved lock). RequestResign returns
+// once a new leader holds the key, or ctx ends.
+//
+// The request is a NOTIFY on a channel derived from key; the leader reads
+// it between renews with no extra round trip, checks the asker's role
+// (see Config.ResignRequests: by default a superuser or a member of the
+// leader's own role), and answers on a channel of the asker's backend. The
+// errors: leader.ErrNoLeader (nobody holds key), leader.ErrNotCandidate
+// (to does not stand for key), leader.ErrRefused (the leader said no, and
+// why), leader.ErrNoAnswer (no answer within 5 s: a leader without this
+// feature, or a paused one), and ctx's error.
+func RequestResign(ctx context.Context, connect Connector, key leader.Key, to string) (Handover, error) {
+	if connect == nil || !key.Valid() {
+		return Handover{}, &ConfigError{Field: "RequestResign", Rule: "needs a Connector and a valid key"}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+	}
+	conn, err := connect.Connect(ctx)
+	if err != nil {
+		return Handover{}, fmt.Errorf("connect: %w", err)
+	}
+	defer lockconn.Close(conn)
+	t := lockconn.NewTarget(key, "", "", "")
+	reply := lockconn.ReplyChannel(conn.PgConn().PID())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {
+		return Handover{}, err
+	}
+	from, err := lockconn.Holder(ctx, conn, t)
+	switch {
+	case err != nil:
+		return Handover{}, err
+	case from == "":
+		return Handover{}, fmt.Errorf("%w: nobody holds %s", leader.ErrNoLeader, key)
+	case to != "" && to == from:
+		return Handover{From: from, To: from}, fmt.Errorf("%w: %s already leads %s", leader.ErrRefused, to, key)
+	}
+	if to != "" {
+		ok, err := lockconn.Standing(ctx, conn, t, to)
+		if err != nil {
+			return Handover{}, err
+		}
+		if !ok {
+			return Handover{From: from}, fmt.Errorf("%w: no candidate named %q stands for %s", leader.ErrNotCandidate, to, key)
+		}
+	}
+	began := time.Now()
+	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", t.ResignChannel(), to); err != nil {
+		return Handover{}, err
+	}
+	actx, cancel := context.WithTimeout(ctx, answerWait)
+	n, err := conn.WaitForNotification(actx)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return Handover{From: from}, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		return Handover{From: from}, fmt.Errorf("%w: %s did not answer within %s (it runs a pgleader without resign requests, or its process is paused)", leader.ErrNoAnswer, from, answerWait)
+	case err != nil:
+		return Handover{From: from}, err
+	}
+	switch msg := n.Payload; {
+	case msg == "ok":
+	case strings.HasPrefix(msg, "unknown: "):
+		return Handover{From: from}, fmt.Errorf("%w: %s", leader.ErrNotCandidate, strings.TrimPrefix(msg, "unknown: "))
+	default:
+		return Handover{From: from}, fmt.Errorf("%w: %s", leader.ErrRefused, strings.TrimPrefix(msg, "refused: "))
+	}
+	// Granted: wait for the next leader.
+	for {
+		h, err := lockconn.Holder(ctx, conn, t)
+		if err != nil {
+			return Handover{From: from}, err
+		}
+		if h != "" && h != from {
+			return Handover{From: from, To: h, Took: time.Since(began)}, nil
+		}
+		// Often at first, to time the handover; then every 50 ms while the
+		// old leader's OnElected may still be draining.
+		poll := 2 * time.Millisecond
+		if time.Since(began) > 200*time.Millisecond {
+			poll = 50 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return Handover{From: from}, fmt.Errorf("%s stepped down but no new leader was seen: %w", from, ctx.Err())
+		case <-time.After(poll):
+		}
+	}
+}
+
+// answerWait bounds how long RequestResign waits for the leader's answer.
+// A leader reads its socket continuously between renews, so it answers in
+// a round trip or two unless its process is paused.
+var answerWait = 5 * time.Second

@@ -1,0 +1,120 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// A resign request from another process hands over gracefully: OnElected's
+// context ends first, then OnDemoted, and a waiting candidate leads; with
+// a name, that candidate leads, heir or watcher.
+func TestRequestResign(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	for i := 1; i <= 5; i++ {
+		start(t, r, opts{dsn: srv.DSN(), key: key, id: fmt.Sprintf("rr-%d", i)})
+	}
+	cur := r.next("elected", "").id
+	connect := elector.DSN(srv.DSN())
+	ho, err := elector.RequestResign(ctx, connect, key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ho.From != cur || ho.To == "" || ho.To == cur {
+		t.Fatalf("handover %+v, from %s", ho, cur)
+	}
+	r.next("demoted", cur)
+	r.next("elected", ho.To)
+	t.Logf("resign on request: %s -> %s, seen after %s", ho.From, ho.To, ho.Took)
+	// Every other candidate in turn, by name: heirs and watchers alike.
+	cur = ho.To
+	for i := 1; i <= 5; i++ {
+		to := fmt.Sprintf("rr-%d", i)
+		if to == cur {
+			continue
+		}
+		eventually(t, to+" stands by", func() (bool, string) {
+			conn := mustConn(t, srv)
+			defer conn.Close(ctx)
+			h, err := leader.Holder(ctx, conn, key)
+			return err == nil && h.Holder.Identity == cur, fmt.Sprint(h, err)
+		})
+		ho, err := elector.RequestResign(ctx, connect, key, to)
+		if err != nil {
+			t.Fatalf("to %s: %v", to, err)
+		}
+		if ho.To != to {
+			t.Fatalf("asked for %s, %s leads", to, ho.To)
+		}
+		r.next("elected", to)
+		t.Logf("handover %s -> %s, seen after %s", ho.From, ho.To, ho.Took)
+		cur = to
+	}
+	// Clear answers.
+	if _, err := elector.RequestResign(ctx, connect, key, "nobody"); !errors.Is(err, leader.ErrNotCandidate) {
+		t.Fatalf("unknown candidate: %v", err)
+	}
+	if _, err := elector.RequestResign(ctx, connect, key, cur); !errors.Is(err, leader.ErrRefused) {
+		t.Fatalf("the leader itself: %v", err)
+	}
+	if _, err := elector.RequestResign(ctx, connect, leader.KeyFromName(t.Name()+"/none"), ""); !errors.Is(err, leader.ErrNoLeader) {
+		t.Fatalf("no leader: %v", err)
+	}
+}
+
+// Only allowed roles may ask; an elector can refuse every request.
+func TestRequestResignRefused(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		"CREATE ROLE stranger LOGIN",
+		"CREATE ROLE operators NOLOGIN",
+		"CREATE ROLE oncall LOGIN IN ROLE operators",
+	} {
+		if err := srv.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(role string) elector.Connector {
+		return elector.DSN("postgres://" + role + "@" + srv.Addr() + "/postgres?sslmode=disable")
+	}
+	r := newRecorder(t)
+	key := testKey(t)
+	startWith(t, r, opts{dsn: srv.DSN(), key: key, id: "guarded"}, func(c *elector.Config) {
+		c.ResignRequests.Roles = []string{"operators"}
+	})
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "other"})
+	if r.next("elected", "").id != "guarded" {
+		t.Skip("the other candidate won the first election")
+	}
+	_, err := elector.RequestResign(ctx, as("stranger"), key, "")
+	if !errors.Is(err, leader.ErrRefused) {
+		t.Fatalf("a stranger's request: %v", err)
+	}
+	t.Logf("refused: %v", err)
+	ho, err := elector.RequestResign(ctx, as("oncall"), key, "")
+	if err != nil || ho.To != "other" {
+		t.Fatalf("a member of an allowed role: %+v, %v", ho, err)
+	}
+	r.next("elected", "other")
+
+	key2 := leader.KeyFromName(t.Name() + "/closed")
+	startWith(t, r, opts{dsn: srv.DSN(), key: key2, id: "closed"}, func(c *elector.Config) {
+		c.ResignRequests.Disabled = true
+	})
+	r.next("elected", "closed")
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := elector.RequestResign(rctx, elector.DSN(srv.DSN()), key2, ""); !errors.Is(err, leader.ErrRefused) {
+		t.Fatalf("a request to an elector that takes none: %v", err)
+	}
+}

@@ -1,0 +1,175 @@
+package lockconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Handover on demand. Anyone asks a key's leader to step down with a
+// NOTIFY on the key's resign channel (ResignChannel); the payload names the
+// candidate to hand over to, or is empty for any. Every candidate listens
+// there: the leader to hear requests, the named candidate to queue on the
+// lock at once. The leader answers on the asker's reply channel
+// (ReplyChannel of the asker's backend pid), which the asker listens on.
+//
+// A handover to a named candidate reserves the lock for it: the leader
+// takes the key's gate lock and the candidate's name lock (both in
+// HeirClass's space) before it steps down, and releases them once the
+// named candidate holds the lock or a bound has passed. Any other quiet
+// candidate that wins the lock meanwhile gives it back in the same
+// statement (its campaign function checks the gate), so the lock goes
+// down the wait queue to the named one. The gate never touches safety: it
+// only decides which candidate keeps a lock it won.
+
+// ResignChannel is the NOTIFY channel of resign requests for t.
+func (t *Target) ResignChannel() string {
+	return fmt.Sprintf("pgleader.resign.%d.%d.%d", t.ClassID, t.ObjID, t.ObjSubID)
+}
+
+// ReplyChannel is the NOTIFY channel on which a leader answers the resign
+// request of the backend pid.
+func ReplyChannel(pid uint32) string { return fmt.Sprintf("pgleader.reply.%d", pid) }
+
+// Gate is the second half of t's gate lock (see Lease.Reserve).
+func (t *Target) Gate() int32 { return t.Roster() - 1 }
+
+// NameLock is the second half of the lock that reserves t for the
+// candidate named identity.
+func (t *Target) NameLock(identity string) int32 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%d.%d.%d|%s", t.ClassID, t.ObjID, t.ObjSubID, identity)
+	return int32(h.Sum32())
+}
+
+// Request is a resign request a leader read: the asker's backend pid, and
+// the identity it named ("" for any candidate).
+type Request struct {
+	PID uint32
+	To  string
+}
+
+// Requester reads who asked: the role of the backend pid, and whether it
+// may ask: a superuser, a member of this session's role, or a member of a
+// role in roles. found is false when the asker's session is gone.
+func (l *Lease) Requester(ctx context.Context, pid uint32, roles []string) (role string, allowed, found bool, err error) {
+	if roles == nil {
+		roles = []string{}
+	}
+	err = l.conn.QueryRow(ctx, `SELECT r.rolname::text, r.rolsuper OR pg_has_role(r.oid, session_user, 'MEMBER')
+    OR EXISTS (SELECT FROM pg_roles g WHERE g.rolname = ANY($2::text[]) AND pg_has_role(r.oid, g.oid, 'MEMBER'))
+  FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid WHERE a.pid = $1`, int32(pid), roles).Scan(&role, &allowed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, false, nil
+	}
+	if err != nil {
+		return "", false, false, err
+	}
+	return role, allowed, true, nil
+}
+
+// Reply answers the resign request of the backend pid.
+func (l *Lease) Reply(ctx context.Context, pid uint32, msg string) error {
+	_, err := l.conn.Exec(ctx, `SELECT pg_notify($1, $2)`, ReplyChannel(pid), msg)
+	return err
+}
+
+// Standing reports whether a session named identity stands for t: it
+// holds t's roster lock (a quiet candidate) or waits for t's lock.
+func (l *Lease) Standing(ctx context.Context, t *Target, identity string) (bool, error) {
+	return Standing(ctx, l.conn, t, identity)
+}
+
+// Standing is Lease.Standing on any connection.
+func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (bool, error) {
+	var ok bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+  WHERE l.locktype = 'advisory' AND a.application_name = $1 AND l.pid <> pg_backend_pid()
+    AND ((l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = 2 AND l.granted)
+      OR (l.classid = $4::oid AND l.objid = $5::oid AND l.objsubid = $6::int2 AND NOT l.granted)))`,
+		identity, uint32(HeirClass), uint32(t.Roster()), t.ClassID, t.ObjID, t.ObjSubID).Scan(&ok)
+	return ok, err
+}
+
+// Reserve reserves t's lock for the candidate named to, before this
+// session (its leader) steps down: it takes t's gate and to's name lock.
+// It then waits, up to within, until a session named to waits for the
+// lock; on any failure it releases both.
+func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.Duration) error {
+	var gate, name bool
+	for i := 0; ; i++ {
+		err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2), pg_try_advisory_lock($1, $3)`,
+			HeirClass, t.Gate(), t.NameLock(to)).Scan(&gate, &name)
+		if err != nil {
+			return err
+		}
+		if gate && name {
+			break
+		}
+		// A winner's probe holds the gate in share mode for microseconds.
+		if err := l.release(ctx, t, to, gate, name); err != nil {
+			return err
+		}
+		if i == 20 {
+			return fmt.Errorf("pgleader: the gate of %s stays taken", t.Channel())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	deadline := time.Now().Add(within)
+	for {
+		var queued bool
+		err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+  WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = $4::int2 AND NOT l.granted AND a.application_name = $1)`,
+			to, t.ClassID, t.ObjID, t.ObjSubID).Scan(&queued)
+		if err == nil && !queued && time.Now().After(deadline) {
+			err = fmt.Errorf("%s did not queue for the lock within %s", to, within)
+		}
+		if err != nil {
+			if rerr := l.release(ctx, t, to, true, true); rerr != nil {
+				return rerr
+			}
+			return err
+		}
+		if queued {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Unreserve waits, up to within, until a session named to holds t's lock,
+// and releases the reservation Reserve took. It returns the holder seen
+// last ("" when the lock is free).
+func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	holder := ""
+	for {
+		h, _, _, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
+		if err != nil {
+			return "", err
+		}
+		holder = h
+		if h == to || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return holder, l.release(ctx, t, to, true, true)
+}
+
+func (l *Lease) release(ctx context.Context, t *Target, to string, gate, name bool) error {
+	_, err := l.conn.Exec(ctx, `SELECT CASE WHEN $4 THEN pg_advisory_unlock($1, $2) END, CASE WHEN $5 THEN pg_advisory_unlock($1, $3) END`,
+		HeirClass, t.Gate(), t.NameLock(to), gate, name)
+	return err
+}
+
+// Holder returns the application_name of t's holder, "" when the lock is
+// free.
+func Holder(ctx context.Context, conn *pgx.Conn, t *Target) (string, error) {
+	h, _, _, err := scanHolder(conn.QueryRow(ctx, t.holderSQL))
+	return h, err
+}
