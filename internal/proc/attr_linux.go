@@ -7,10 +7,9 @@ import "syscall"
 const kernelDeathSignal = true
 
 func attr(o Options) *syscall.SysProcAttr {
-	a := &syscall.SysProcAttr{Setpgid: o.Group}
-	if !o.DeathToGroup {
-		a.Pdeathsig = o.DeathSignal
-	}
+	// The child itself always gets the kernel's parent-death signal; with
+	// DeathToGroup the watchdog also signals the rest of its group.
+	a := &syscall.SysProcAttr{Setpgid: o.Group, Pdeathsig: o.DeathSignal}
 	credAttr(a, o.Cred)
 	return a
 }

@@ -52,13 +52,19 @@ type Options struct {
 // and the child is gone by then). cmd.SysProcAttr is replaced.
 func Start(cmd *exec.Cmd, o Options) (release func(), err error) {
 	cmd.SysProcAttr = attr(o)
-	if err := cmd.Start(); err != nil {
+	if o.DeathSignal == 0 || (kernelDeathSignal && !o.DeathToGroup) {
+		return func() {}, cmd.Start()
+	}
+	arm, release, err := watchdog(o.Group && o.DeathToGroup, o.DeathSignal)
+	if err != nil {
 		return func() {}, err
 	}
-	if o.DeathSignal == 0 || (kernelDeathSignal && !o.DeathToGroup) {
-		return func() {}, nil
+	if err := cmd.Start(); err != nil {
+		release()
+		return func() {}, err
 	}
-	return watchdog(cmd.Process.Pid, o.Group && o.DeathToGroup, o.DeathSignal)
+	arm(cmd.Process.Pid)
+	return release, nil
 }
 
 // Prepare sets cmd.SysProcAttr for a short-lived child run with Run or

@@ -46,31 +46,37 @@ func CPUTime() time.Duration {
 }
 
 // watchdog starts sh with the read end of a pipe on its stdin; this process
-// keeps the write end, which the kernel closes when this process ends; sh's
-// read then returns and it signals pid (its group, with group). The
-// watchdog is in a process group of its own, so that a terminal's ^C does
-// not end it before it has done its work.
-func watchdog(pid int, group bool, sig syscall.Signal) (func(), error) {
+// keeps the write end, which the kernel closes when this process ends. It
+// starts before the child: arm writes the child's pid down the pipe, and
+// sh's second read returns when the pipe closes, and then it signals pid
+// (its group, with group). So there is no window in which a child runs
+// unwatched, except between its start and arm, where Linux's parent-death
+// signal still covers the child itself. The watchdog is in a process group
+// of its own, so that a terminal's ^C does not end it before it has done
+// its work.
+func watchdog(group bool, sig syscall.Signal) (arm func(pid int), release func(), err error) {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return func() {}, err
+		return nil, nil, err
 	}
-	target := strconv.Itoa(pid)
+	target := "$pid"
 	if group {
-		target = "-" + target
+		target = "-$pid"
 	}
-	cmd := exec.Command("/bin/sh", "-c", "read _; kill -"+strconv.Itoa(int(sig))+" "+target+" 2>/dev/null")
+	cmd := exec.Command("/bin/sh", "-c", "read pid || exit 0; read _; kill -"+strconv.Itoa(int(sig))+" "+target+" 2>/dev/null")
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
 	r.Close()
 	if err != nil {
 		w.Close()
-		return func() {}, err
+		return nil, nil, err
 	}
-	return func() {
+	arm = func(pid int) { w.Write([]byte(strconv.Itoa(pid) + "\n")) }
+	release = func() {
 		cmd.Process.Kill()
 		w.Close()
 		cmd.Wait()
-	}, nil
+	}
+	return arm, release, nil
 }

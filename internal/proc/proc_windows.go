@@ -11,7 +11,7 @@ const kernelDeathSignal = false
 func attr(o Options) *syscall.SysProcAttr { return &syscall.SysProcAttr{} }
 
 // watchdog: Windows has no equivalent here (a job object would be one).
-func watchdog(int, bool, syscall.Signal) (func(), error) { return func() {}, nil }
+func watchdog(bool, syscall.Signal) (func(int), func(), error) { return func(int) {}, func() {}, nil }
 
 // Stop is not supported on Windows.
 func Stop(*os.Process) error { return ErrUnsupported }
