@@ -19,6 +19,8 @@ const (
 	DefaultLeaseDuration     = 6 * time.Second
 	DefaultReleaseTimeout    = 5 * time.Second
 	DefaultReconnectMaxDelay = 500 * time.Millisecond
+	// DefaultHistoryRetention is how long history rows are kept.
+	DefaultHistoryRetention = 30 * 24 * time.Hour
 )
 
 // maxIdentityLen is the longest application_name PostgreSQL keeps
@@ -168,8 +170,23 @@ type Fencing struct {
 	Table string
 	// NoCreate makes a missing table an error (leader.ErrNoTermsTable)
 	// instead of creating it; for roles without CREATE privilege. Create it
-	// with leader.TermsTableSQL.
+	// with leader.TermsTableSQL (and the history table with
+	// leader.HistoryTableSQL; without it the elector warns and keeps no
+	// history).
 	NoCreate bool
+
+	// History: with fencing on, each term also gets a row in HistoryTable
+	// (default leader.DefaultHistoryTable): key, term, identity, backend
+	// pid, elected at, and, when the leader could still say so, demoted
+	// at and why. It is written in the round trip that installs the term;
+	// the end of a term is written after the unlock (or, after a fault,
+	// when the elector connects again), off the handover's path. NoHistory
+	// turns it off.
+	NoHistory    bool
+	HistoryTable string
+	// HistoryRetention: rows older than this are deleted, a few at every
+	// election. Default 30 days.
+	HistoryRetention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -186,6 +203,10 @@ func (c *Config) setDefaults() {
 	if c.Fencing.Enabled && c.Fencing.Table == "" {
 		c.Fencing.Table = leader.DefaultTermsTable
 	}
+	if c.Fencing.HistoryTable == "" {
+		c.Fencing.HistoryTable = leader.DefaultHistoryTable
+	}
+	def(&c.Fencing.HistoryRetention, DefaultHistoryRetention)
 	if c.Identity == "" {
 		c.Identity = leader.DefaultIdentity()
 	}
@@ -229,6 +250,12 @@ func (c *Config) validate() error {
 	if c.Fencing.Enabled {
 		if _, err := terms.Quote(c.Fencing.Table); err != nil {
 			return bad("Fencing.Table", "%v", err)
+		}
+		if _, err := terms.Quote(c.Fencing.HistoryTable); err != nil {
+			return bad("Fencing.HistoryTable", "%v", err)
+		}
+		if c.Fencing.HistoryRetention < time.Second {
+			return bad("Fencing.HistoryRetention", "must be at least 1s, got %s", c.Fencing.HistoryRetention)
 		}
 	}
 	if err := leader.ConnectorError(c.Connect); err != nil {

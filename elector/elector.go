@@ -68,6 +68,11 @@ type Elector struct {
 	elected     chan struct{} // closed at the first election; see Elected
 	electedOnce sync.Once
 
+	// history: this session keeps the history table (Run's goroutine
+	// only, as is pendingDemotion: a term's end not yet recorded).
+	history         bool
+	pendingDemotion *demotion
+
 	mu     sync.Mutex
 	tenure *tenure
 	cbDone chan struct{} // closed when the last OnElected returned

@@ -3,6 +3,7 @@ package elector_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -270,4 +271,71 @@ func TestOnNewLeaderOncePerChange(t *testing.T) {
 			}
 		}
 	}
+}
+
+// With fencing, every term gets a history row: who, which backend, when,
+// and why it ended, when the leader could still say so (after a lost
+// connection it says so once it is back).
+func TestHistory(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	els := map[string]*running{}
+	for _, id := range []string{"h1", "h2"} {
+		els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id, fencing: fencingOn})
+	}
+	first := r.next("elected", "")
+	if err := els[first.id].e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := r.next("elected", "")
+	conn := mustConn(t, srv)
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", second.id); err != nil {
+		t.Fatal(err)
+	}
+	third := r.next("elected", "")
+	type row struct {
+		term           int64
+		holder, reason string
+		pid            int32
+		open           bool
+	}
+	classid, objid, objsubid := key.LockTag()
+	read := func() []row {
+		rows, err := conn.Query(ctx, `SELECT term, holder, backend_pid, coalesce(reason, ''), demoted_at IS NULL
+FROM pgleader_history WHERE classid = $1 AND objid = $2 AND objsubid = $3 ORDER BY term`, classid, objid, objsubid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []row
+		for rows.Next() {
+			var x row
+			if err := rows.Scan(&x.term, &x.holder, &x.pid, &x.reason, &x.open); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, x)
+		}
+		return out
+	}
+	var got []row
+	eventually(t, "the killed term's end recorded by its leader once reconnected", func() (bool, string) {
+		got = read()
+		return len(got) == 3 && got[1].reason == "connection_lost", fmt.Sprint(got)
+	})
+	want := []struct {
+		id     string
+		term   int64
+		reason string
+		open   bool
+	}{{first.id, first.term, "resigned", false}, {second.id, second.term, "connection_lost", false}, {third.id, third.term, "", true}}
+	for i, w := range want {
+		g := got[i]
+		if g.holder != w.id || g.term != w.term || g.reason != w.reason || g.open != w.open || g.pid == 0 {
+			t.Fatalf("row %d: %+v, want %+v", i, g, w)
+		}
+	}
+	t.Logf("history: %+v", got)
 }

@@ -27,6 +27,7 @@ type lease interface {
 	Standing(ctx context.Context, t *lockconn.Target, identity string) (bool, error)
 	Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error
 	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
+	Record(ctx context.Context, sql string, args ...any) error
 	Unlock(ctx context.Context, t *lockconn.Target) error
 	Close()
 }
@@ -68,6 +69,23 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		if err := terms.Ensure(ctx, ls.Conn(), f.Table, !f.NoCreate); err != nil {
 			ls.Close()
 			return nil, fmt.Errorf("fencing: %w", err)
+		}
+		e.history = false
+		if !f.NoHistory {
+			switch err := terms.EnsureHistory(ctx, ls.Conn(), f.HistoryTable, !f.NoCreate); {
+			case err == nil:
+				e.history = true
+			case ctx.Err() != nil:
+				ls.Close()
+				return nil, fmt.Errorf("fencing: %w", err)
+			default:
+				// Fencing works without it: say so once per session.
+				e.log.Warn("no leadership history: "+err.Error(), zap.String("table", f.HistoryTable))
+			}
+		}
+		e.setBump()
+		if e.history {
+			e.flushDemotion(ls)
 		}
 	}
 	wait := e.followerWait(ls.DeadlockTimeout())

@@ -125,7 +125,8 @@ func (s *scriptLease) WaitIdle(ctx context.Context, t *lockconn.Target, until ti
 func (s *scriptLease) Requester(context.Context, uint32, []string) (string, bool, bool, error) {
 	return "", false, false, nil
 }
-func (s *scriptLease) Reply(context.Context, uint32, string) error { return nil }
+func (s *scriptLease) Reply(context.Context, uint32, string) error  { return nil }
+func (s *scriptLease) Record(context.Context, string, ...any) error { return nil }
 func (s *scriptLease) Standing(context.Context, *lockconn.Target, string) (bool, error) {
 	return false, nil
 }

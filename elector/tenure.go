@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/terms"
 	"github.com/pgleader/pgleader/leader"
 	"go.uber.org/zap"
 )
@@ -298,6 +299,12 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 	if c.Callbacks.OnDemoted != nil {
 		c.Callbacks.OnDemoted(t.l, reason)
 	}
+	if e.history && t.l.Term > 0 {
+		e.pendingDemotion = &demotion{term: t.l.Term, at: time.Now(), reason: leader.ReasonLabel(reason), detail: reason.Error()}
+		if keepConn {
+			e.flushDemotion(ls)
+		}
+	}
 	e.mu.Lock()
 	e.tenure = nil
 	e.mu.Unlock()
@@ -422,4 +429,43 @@ func (e *Elector) waitCallback(ctx context.Context) error {
 			e.log.Error("still waiting for a previous OnElected to return; it ignores its context")
 		}
 	}
+}
+
+// demotion is the end of a term, for the history table.
+type demotion struct {
+	term           int64
+	at             time.Time
+	reason, detail string
+}
+
+// flushDemotion records the pending end of a term in the history table;
+// after a failure the next session tries again (meanwhile the next term's
+// election marks it "superseded").
+func (e *Elector) flushDemotion(ls lease) {
+	d := e.pendingDemotion
+	if d == nil || !e.history {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	h, _ := terms.Quote(e.cfg.Fencing.HistoryTable)
+	classid, objid, objsubid := e.cfg.Key.LockTag()
+	if err := ls.Record(ctx, terms.DemotedSQL(h), classid, objid, objsubid, d.term, d.at, d.reason, d.detail); err != nil {
+		e.log.Warn("could not record the end of a term in the history table", zap.Int64("term", d.term), zap.Error(err))
+		return
+	}
+	e.pendingDemotion = nil
+}
+
+// setBump picks the statement that installs a term: with or without its
+// history row.
+func (e *Elector) setBump() {
+	f := e.cfg.Fencing
+	q, _ := terms.Quote(f.Table)
+	if e.history {
+		h, _ := terms.Quote(f.HistoryTable)
+		e.target.SetBump(terms.BumpHistorySQL(q, h, f.HistoryRetention))
+		return
+	}
+	e.target.SetBump(terms.BumpSQL(q))
 }

@@ -14,6 +14,15 @@ import (
 // otherwise.
 const DefaultTermsTable = "pgleader_terms"
 
+// DefaultHistoryTable is the table that keeps a row per term (see
+// elector.Fencing) unless configured otherwise.
+const DefaultHistoryTable = "pgleader_history"
+
+// HistoryTableSQL returns the DDL of a history table, for users who create
+// it themselves; the application's role then needs SELECT, INSERT, UPDATE
+// and DELETE on it.
+func HistoryTableSQL(table string) string { return terms.HistoryDDL(table) + ";" }
+
 // TermsTableSQL returns the DDL of a terms table, for users who create it
 // themselves (for example when the application's role has no CREATE
 // privilege). The application's role then needs SELECT, INSERT and UPDATE

@@ -50,6 +50,16 @@ func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
 	return t
 }
 
+// SetBump replaces the statement that installs a new term (see NewTarget).
+func (t *Target) SetBump(bumpSQL string) { t.bumpSQL = bumpSQL }
+
+// Record runs one bookkeeping statement (a history row) on the session.
+// Never while it waits for a lock.
+func (l *Lease) Record(ctx context.Context, sql string, args ...any) error {
+	_, err := l.conn.Exec(ctx, sql, args...)
+	return err
+}
+
 // Round is what one campaign round saw.
 type Round struct {
 	// Holder is the holder's application_name (or "pid N" when it has

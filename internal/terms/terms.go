@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -112,4 +113,90 @@ RETURNING term`
 // objid, objsubid.
 func FenceSQL(quoted string) string {
 	return `SELECT term FROM ` + quoted + ` WHERE classid = $1::oid AND objid = $2::oid AND objsubid = $3::int2 FOR SHARE`
+}
+
+// HistoryDDL returns the statements that create a history table: a row
+// per term of every key, indexed by key and term (the primary key) and by
+// election time (for retention and for reading a recent window).
+func HistoryDDL(table string) string {
+	q, err := Quote(table)
+	if err != nil {
+		q = table
+	}
+	idx := pgx.Identifier{strings.ReplaceAll(strings.Trim(table, `"`), ".", "_") + "_elected_at"}.Sanitize()
+	if parts := strings.Split(table, "."); len(parts) == 2 {
+		// CREATE INDEX names no schema: the index goes with its table.
+		idx = pgx.Identifier{parts[1] + "_elected_at"}.Sanitize()
+	}
+	return `CREATE TABLE IF NOT EXISTS ` + q + ` (
+    classid     oid         NOT NULL,  -- the advisory lock, as in the terms table
+    objid       oid         NOT NULL,
+    objsubid    int2        NOT NULL,
+    key_name    text        NOT NULL,
+    term        bigint      NOT NULL,
+    holder      text        NOT NULL,  -- the elector's identity
+    backend_pid int4        NOT NULL,
+    elected_at  timestamptz NOT NULL,
+    demoted_at  timestamptz,           -- NULL while the term lasts, or when nobody recorded its end
+    reason      text,                  -- resigned, callback_returned, connection_lost, lock_lost, ... or superseded
+    detail      text,                  -- the reason's message
+    PRIMARY KEY (classid, objid, objsubid, term)
+);
+CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + q + ` (elected_at)`
+}
+
+// EnsureHistory is Ensure for a history table.
+func EnsureHistory(ctx context.Context, conn *pgx.Conn, table string, create bool) error {
+	q, err := Quote(table)
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q).Scan(&exists); err != nil {
+		return err
+	}
+	classify := func(err error) error {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+			return fmt.Errorf("%w: %s does not exist; turn on table creation, or create it:\n%s;\n(%w)", ErrNoTable, table, HistoryDDL(table), err)
+		}
+		return Classify(err, table)
+	}
+	if exists {
+		_, err := conn.Exec(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
+		return classify(err)
+	}
+	if !create {
+		return classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"})
+	}
+	if _, err := conn.Exec(ctx, HistoryDDL(table), pgx.QueryExecModeSimpleProtocol); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+			return nil
+		}
+		return classify(err)
+	}
+	return nil
+}
+
+// BumpHistorySQL is BumpSQL that also, in the same statement, opens the
+// new term's history row, closes an earlier term of the key whose end
+// nobody recorded ("superseded"), and deletes up to 100 rows older than
+// retention (skipping rows another session is deleting).
+func BumpHistorySQL(quoted, history string, retention time.Duration) string {
+	return `WITH nt AS (` + BumpSQL(quoted) + `),
+h AS (INSERT INTO ` + history + ` (classid, objid, objsubid, key_name, term, holder, backend_pid, elected_at)
+  SELECT $1::oid, $2::oid, $3::int2, $4::text, nt.term, $5::text, pg_backend_pid(), now() FROM nt),
+s AS (UPDATE ` + history + ` SET demoted_at = now(), reason = 'superseded', detail = 'a newer term began before this one recorded its end'
+  WHERE classid = $1::oid AND objid = $2::oid AND objsubid = $3::int2 AND demoted_at IS NULL AND term < (SELECT term FROM nt)),
+d AS (DELETE FROM ` + history + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + history + `
+  WHERE elected_at < now() - make_interval(secs => ` + fmt.Sprint(int64(retention.Seconds())) + `) LIMIT 100 FOR UPDATE SKIP LOCKED)))
+SELECT term FROM nt`
+}
+
+// DemotedSQL records the end of a term in a history table. Its arguments
+// are classid, objid, objsubid, term, demoted_at, reason, detail.
+func DemotedSQL(history string) string {
+	return `UPDATE ` + history + ` SET demoted_at = $5, reason = $6, detail = $7
+WHERE classid = $1::oid AND objid = $2::oid AND objsubid = $3::int2 AND term = $4`
 }
