@@ -15,9 +15,11 @@ import (
 // runChild runs argv with the terminal's stdio until it exits. Signals
 // pgleader receives (SIGINT, SIGTERM, SIGHUP) are passed on. When ctx ends
 // first, the child gets SIGTERM and, after grace, SIGKILL. It returns the
-// child's exit code (128+signal when a signal killed it).
-func runChild(ctx context.Context, argv []string, grace time.Duration) (int, error) {
+// child's exit code (128+signal when a signal killed it). env is added to
+// pgleader's own environment.
+func runChild(ctx context.Context, argv []string, grace time.Duration, env ...string) (int, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// Its own process group, so signals reach the whole command; and the
 	// whole group dies with pgleader (a watchdog sees to it; see

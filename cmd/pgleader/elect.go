@@ -2,23 +2,37 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/contrib/promleader"
+	"github.com/pgleader/pgleader/health"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/leader"
 )
 
 func cmdElect(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [--grace D] [--verbose] NAME -- COMMAND [ARGS...]",
+	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
 		`  pgleader elect scheduler -- ./scheduler --config prod.yaml   # on every replica: one runs it
   pgleader elect --grace 30s consumer -- ./consume                # longer drain on demotion
+  pgleader elect --fencing --listen :8080 consumer -- ./consume   # terms and history; probes and metrics
+The command gets PGLEADER_NAME, PGLEADER_IDENTITY and, with --fencing,
+PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
+--listen serves /livez, /readyz (every replica is ready: see docs/kubernetes.md),
+/status and /metrics; --allow-resign adds POST /resign.
 `, stderr)
 	identity := fs.String("identity", "", "identity / application_name (default hostname-pid)")
 	grace := fs.Duration("grace", 10*time.Second, "on demotion, SIGTERM the command and SIGKILL it this much later")
@@ -26,6 +40,9 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 	deadline := fs.Duration("renew-deadline", elector.DefaultRenewDeadline, "renew deadline (trust window)")
 	lease := fs.Duration("lease", elector.DefaultLeaseDuration, "server-side lease")
 	verbose := fs.Bool("verbose", false, "log elections and demotions to stderr")
+	fencing := fs.Bool("fencing", false, "fencing terms and the history table (created when missing)")
+	listen := fs.String("listen", "", "serve /livez, /readyz, /status and /metrics on this address")
+	allowResign := fs.Bool("allow-resign", false, "with --listen, also serve POST /resign")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,6 +61,18 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		cfg.Level = zap.NewAtomicLevelAt(zap.InfoLevel)
 		logger, _ = cfg.Build(zap.AddStacktrace(zap.DPanicLevel))
 	}
+	var obs leader.Observer
+	reg := prometheus.NewRegistry()
+	if *listen != "" {
+		m, err := promleader.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		obs = m
+	} else if *allowResign {
+		return usageError{"--allow-resign needs --listen"}
+	}
 	// pgleader's own SIGINT/SIGTERM stops the election; while the command
 	// runs, runChild passes those signals on to it as well.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -56,7 +85,11 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				fmt.Fprintf(stderr, "pgleader elect: %s leads %s; starting %q\n", l.Identity, name, argv[0])
-				code, err := runChild(ctx, argv, *grace)
+				env := []string{"PGLEADER_NAME=" + name, "PGLEADER_IDENTITY=" + l.Identity}
+				if l.TermsTable != "" {
+					env = append(env, fmt.Sprintf("PGLEADER_TERM=%d", l.Term), "PGLEADER_TERMS_TABLE="+l.TermsTable)
+				}
+				code, err := runChild(ctx, argv, *grace, env...)
 				if err != nil {
 					fmt.Fprintf(stderr, "pgleader elect: %v\n", err)
 				} else if ctx.Err() == nil {
@@ -69,9 +102,45 @@ func cmdElect(args []string, stdout, stderr io.Writer) error {
 		},
 		RenewInterval: *interval, RenewDeadline: *deadline, LeaseDuration: *lease,
 		ReleaseTimeout: *grace + time.Second,
+		Fencing:        elector.Fencing{Enabled: *fencing},
+		Observer:       obs,
 	})
 	if err != nil {
 		return usageError{err.Error()}
 	}
+	if *listen != "" {
+		stopServe, err := serveProbes(*listen, e, reg, *allowResign, stderr)
+		if err != nil {
+			return err
+		}
+		defer stopServe()
+	}
 	return e.Run(ctx)
+}
+
+// serveProbes serves the elector's probes, status and metrics on addr
+// until the returned function stops it.
+func serveProbes(addr string, e *elector.Elector, reg *prometheus.Registry, allowResign bool, stderr io.Writer) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	// Every replica is ready (not only the leader): a rollout must not
+	// wait for followers to lead (docs/kubernetes.md).
+	c := health.NewChecker(e, health.Options{AllowResign: allowResign})
+	mux := http.NewServeMux()
+	mux.Handle("/", c.Handler())
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stderr, "pgleader elect: serving /livez, /readyz, /status and /metrics on %s\n", ln.Addr())
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintf(stderr, "pgleader elect: %v\n", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	}, nil
 }

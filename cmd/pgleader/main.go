@@ -6,6 +6,7 @@
 //	pgleader lock NAME -- cmd args...       run cmd once if the lock is free (like flock -n)
 //	pgleader elect NAME -- cmd args...      run cmd while this process leads (active/passive)
 //	pgleader resign NAME [--to ID]          ask NAME's leader to hand over, gracefully
+//	pgleader history [NAME]                 terms, holders and why each ended (fencing on)
 //	pgleader demo                           3 electors, a resign, a killed leader, a killed backend
 //	pgleader bench                          measure failover (see docs/benchmarks.md)
 //
@@ -43,6 +44,7 @@ Usage:
   pgleader lock   [--dsn DSN] [--wait DURATION] NAME -- COMMAND [ARGS...]
   pgleader elect  [--dsn DSN] [--grace DURATION] NAME -- COMMAND [ARGS...]
   pgleader resign [--dsn DSN] [--to IDENTITY] NAME
+  pgleader history [--dsn DSN] [--since D] [--json] [NAME]
   pgleader demo   [--dsn DSN]
   pgleader bench  [--dsn DSN] [--runs N] [--scenarios LIST] [--json]
   pgleader version
@@ -90,6 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"candidate": cmdCandidate,
 		"version":   cmdVersion,
 		"resign":    cmdResign,
+		"history":   cmdHistory,
 	}
 	name := args[0]
 	if name == "help" || name == "-h" || name == "--help" {

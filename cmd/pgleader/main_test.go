@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -533,5 +536,141 @@ func TestResign(t *testing.T) {
 	}
 	if out, code = resign("nothing-here"); code != exitNoLeader || !strings.Contains(out, "NO LEADER") {
 		t.Fatalf("resign of a free name: exit %d: %s", code, out)
+	}
+}
+
+// elect --fencing --listen: the command gets its term; the supervisor
+// serves probes, status and metrics, and POST /resign with
+// --allow-resign; pgleader history then shows both terms and why the
+// first ended.
+func TestElectListenFencingHistory(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "terms")
+	name := fmt.Sprintf("listened-%d", time.Now().UnixNano())
+	addrs := make(chan string, 2)
+	for _, id := range []string{"l-a", "l-b"} {
+		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--fencing", "--listen", "127.0.0.1:0", "--allow-resign", name, "--",
+			"sh", "-c", fmt.Sprintf(`echo "$PGLEADER_IDENTITY,$PGLEADER_TERM,$PGLEADER_TERMS_TABLE" >> %s; exec sleep 600`, log))
+		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			for sc.Scan() {
+				if _, addr, ok := strings.Cut(sc.Text(), "/metrics on "); ok {
+					addrs <- id + " " + addr
+				}
+			}
+		}()
+	}
+	urls := map[string]string{}
+	for range 2 {
+		id, addr, _ := strings.Cut(recvLine(t, addrs), " ")
+		urls[id] = "http://" + addr
+	}
+	first := strings.Split(waitLines(t, log, 1)[0], ",")
+	if len(first) != 3 || first[1] != "1" || first[2] != "pgleader_terms" { // a new name: its first term
+		t.Fatalf("the command's environment: %q", first)
+	}
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for id, u := range urls {
+		if code, body := get(u + "/readyz"); code != 200 {
+			t.Fatalf("%s /readyz: %d %s", id, code, body)
+		}
+	}
+	if code, body := get(urls[first[0]] + "/metrics"); code != 200 || !strings.Contains(body, "pgleader_is_leader{") || !strings.Contains(body, "pgleader_build_info") {
+		t.Fatalf("/metrics: %d\n%s", code, body)
+	}
+	resp, err := http.Post(urls[first[0]]+"/resign", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST /resign: %d", resp.StatusCode)
+	}
+	second := strings.Split(waitLines(t, log, 2)[1], ",")
+	if second[0] == first[0] || second[1] != "2" {
+		t.Fatalf("after the resign: %q", second)
+	}
+	var out []byte
+	eventually(t, "history shows the resigned term", func() (bool, string) {
+		out, err = exec.Command(bin, "history", "--dsn", dsn, name).CombinedOutput()
+		return err == nil && strings.Contains(string(out), "resigned") && strings.Contains(string(out), "(leads)"), string(out)
+	})
+	t.Logf("pgleader history listened:\n%s", out)
+	// status shows the last handover and how long the follower has stood.
+	out, _ = exec.Command(bin, "status", "--dsn", dsn, name).CombinedOutput()
+	if !strings.Contains(string(out), "LAST HANDOVER") || !strings.Contains(string(out), "from "+first[0]+" (resigned)") {
+		t.Fatalf("status listened:\n%s", out)
+	}
+	t.Logf("pgleader status listened:\n%s", out)
+	out, err = exec.Command(bin, "status", "--dsn", dsn, "--json", name).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type candidate struct {
+		Identity      string     `json:"identity"`
+		StandingSince *time.Time `json:"standing_since"`
+	}
+	var st struct {
+		Waiters  []candidate `json:"waiters"`
+		Watching []candidate `json:"watching"`
+	}
+	// The resigned leader queues as an heir or watches, depending on
+	// whether it has taken a slot yet: either way it has stood since its
+	// session began.
+	err = json.Unmarshal(out, &st)
+	if all := append(st.Waiters, st.Watching...); err != nil || len(all) != 1 || all[0].Identity != first[0] || all[0].StandingSince == nil {
+		t.Fatalf("the follower's standing age: %v %s", err, out)
+	}
+	out, err = exec.Command(bin, "history", "--dsn", dsn, "--json", name).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 2 || rows[0]["reason"] != "resigned" {
+		t.Fatalf("history --json: %v %s", err, out)
+	}
+}
+
+func recvLine(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case s := <-ch:
+		return s
+	case <-time.After(waitLong):
+		t.Fatal("timed out")
+		return ""
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s; last: %s", what, waitLong, state)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

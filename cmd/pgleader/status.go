@@ -29,7 +29,17 @@ type lockStatus struct {
 	// elector's watchers, seen in the key's roster; see lockconn.Quiet).
 	Watching []sessionStatus `json:"watching"`
 	Term     int64           `json:"term,omitempty"`
-	order    [3]int64        // key space, then the key's value(s): numeric order
+	// LastHandover: the newest term's start, from the history table.
+	LastHandover *handover `json:"last_handover,omitempty"`
+	order        [3]int64  // key space, then the key's value(s): numeric order
+}
+
+// handover is a key's newest term, and how the one before it ended.
+type handover struct {
+	At     time.Time `json:"at"`
+	From   string    `json:"from,omitempty"`
+	To     string    `json:"to"`
+	Reason string    `json:"reason,omitempty"` // why From's term ended
 }
 
 type sessionStatus struct {
@@ -41,8 +51,14 @@ type sessionStatus struct {
 	// HeldSinceExact is false.
 	HeldSince      *time.Time `json:"held_since,omitempty"`
 	HeldSinceExact bool       `json:"held_since_exact"`
-	// WaitingSince is when a waiter started waiting (PostgreSQL 14+).
+	// WaitingSince is when a waiter's current lock wait started
+	// (PostgreSQL 14+). An elector's wait restarts every round, so for
+	// its candidates StandingSince tells more.
 	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+	// StandingSince is when a pgleader candidate's session started: it
+	// has stood for the key since (it joins the key's roster at connect).
+	StandingSince *time.Time `json:"standing_since,omitempty"`
+	started       *time.Time
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -197,7 +213,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait, &mode); err != nil {
 			return nil, err
 		}
-		s.PID = uint32(pid)
+		s.PID, s.started = uint32(pid), start
 		if int32(classid) == lockconn.HeirClass && objsubid == 2 {
 			// A roster or an heir slot: pgleader's own bookkeeping, shown
 			// with the key it belongs to below.
@@ -238,12 +254,21 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			busy[w.PID] = true
 		}
 		ls.Watching = []sessionStatus{}
+		standing := map[uint32]bool{}
 		for _, s := range rosters[lockconn.NewTarget(k, "", "", "").Roster()] {
+			standing[s.PID] = true
 			if !busy[s.PID] {
+				s.StandingSince = s.started
 				ls.Watching = append(ls.Watching, s)
 			}
 		}
+		for i, w := range ls.Waiters {
+			if standing[w.PID] {
+				ls.Waiters[i].StandingSince = w.started
+			}
+		}
 	}
+	readLastHandovers(ctx, conn, byKey)
 	// Names, terms and election times from the fencing table, when it
 	// exists and is readable.
 	if q, err := terms.Quote(table); err == nil && len(order) > 0 {
@@ -296,7 +321,15 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tNAME\tHOLDER\tPID\tUSER\tHELD FOR\tTERM\tWAITING")
+	history := false
+	for _, l := range locks {
+		history = history || l.LastHandover != nil
+	}
+	if history {
+		fmt.Fprintln(tw, "KEY\tNAME\tHOLDER\tPID\tUSER\tHELD FOR\tTERM\tLAST HANDOVER\tWAITING")
+	} else {
+		fmt.Fprintln(tw, "KEY\tNAME\tHOLDER\tPID\tUSER\tHELD FOR\tTERM\tWAITING")
+	}
 	now := time.Now()
 	for _, l := range locks {
 		holder, pid, user, held, term := "-", "-", "-", "-", "-"
@@ -315,13 +348,32 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 		var waiting []string
 		for _, s := range l.Waiters {
 			w := fmt.Sprintf("%s(%d)", orDash(s.Identity), s.PID)
-			if s.WaitingSince != nil {
+			switch {
+			case s.StandingSince != nil:
+				w += " " + now.Sub(*s.StandingSince).Round(time.Second).String()
+			case s.WaitingSince != nil:
 				w += " " + now.Sub(*s.WaitingSince).Round(time.Millisecond).String()
+			case s.started != nil:
+				w += " <" + now.Sub(*s.started).Round(time.Second).String() // before 14: the session's age bounds it
 			}
 			waiting = append(waiting, w)
 		}
 		if n := len(l.Watching); n > 0 {
 			waiting = append(waiting, fmt.Sprintf("+%d watching", n))
+		}
+		if history {
+			last := "-"
+			if h := l.LastHandover; h != nil {
+				last = now.Sub(h.At).Round(time.Second).String() + " ago"
+				if h.From != "" {
+					last += ", from " + h.From
+					if h.Reason != "" {
+						last += " (" + h.Reason + ")"
+					}
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, orDash(l.Name), holder, pid, user, held, term, last, orDash(strings.Join(waiting, ", ")))
+			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, orDash(l.Name), holder, pid, user, held, term, orDash(strings.Join(waiting, ", ")))
 	}
@@ -333,4 +385,54 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// readLastHandovers fills in each key's newest term from the default
+// history table, when it exists and is readable: two rows per key, by its
+// primary key.
+func readLastHandovers(ctx context.Context, conn *pgx.Conn, byKey map[leader.Key]*lockStatus) {
+	if len(byKey) == 0 {
+		return
+	}
+	q, _ := terms.Quote(leader.DefaultHistoryTable)
+	var ok bool
+	if conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')`, q).Scan(&ok) != nil || !ok {
+		return
+	}
+	var cs, objs []uint32
+	var ss []int16
+	for k := range byKey {
+		c, o, s := k.LockTag()
+		cs, objs, ss = append(cs, c), append(objs, o), append(ss, s)
+	}
+	rows, err := conn.Query(ctx, `SELECT k.c, k.o, k.s, h.elected_at, h.holder, coalesce(h.reason, ''), h.rn
+FROM unnest($1::oid[], $2::oid[], $3::int2[]) k(c, o, s)
+CROSS JOIN LATERAL (SELECT elected_at, holder, reason, row_number() OVER (ORDER BY term DESC) rn FROM `+q+`
+  WHERE classid = k.c AND objid = k.o AND objsubid = k.s ORDER BY term DESC LIMIT 2) h`, cs, objs, ss)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, o uint32
+		var s int16
+		var at time.Time
+		var holder, reason string
+		var rn int64
+		if rows.Scan(&c, &o, &s, &at, &holder, &reason, &rn) != nil {
+			return
+		}
+		ls := byKey[leader.KeyFromLockTag(c, o, s)]
+		if ls == nil {
+			continue
+		}
+		if ls.LastHandover == nil {
+			ls.LastHandover = &handover{}
+		}
+		if rn == 1 {
+			ls.LastHandover.At, ls.LastHandover.To = at, holder
+		} else {
+			ls.LastHandover.From, ls.LastHandover.Reason = holder, reason
+		}
+	}
 }
