@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -62,17 +63,19 @@ type sessionStatus struct {
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T] [NAME]",
+	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T] [--serve ADDR] [NAME]",
 		`  pgleader status                         # who holds what, who waits
   pgleader status billing-consumer        # one election; exit 3 when nobody leads it
   pgleader status --json | jq .           # machine-readable
   pgleader status --watch                 # redraw on every change
   pgleader status --name billing-consumer # show this name for its key
+  pgleader status --serve 127.0.0.1:8080  # a live, read-only page for the whole database
 `, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	watch := fs.Bool("watch", false, "redraw whenever the locks change")
-	interval := fs.Duration("interval", time.Second, "poll interval for --watch")
+	interval := fs.Duration("interval", time.Second, "poll interval for --watch; the --serve page refreshes every 2s or this, the longer")
 	table := fs.String("terms-table", leader.DefaultTermsTable, "fencing terms table to read names, terms and election times from, if it exists")
+	serve := fs.String("serve", "", "serve a live read-only HTML page on this address instead of printing")
 	var names multiFlag
 	fs.Var(&names, "name", "a lock name to recognise (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -91,8 +94,17 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	default:
 		return usageError{"status takes at most one NAME"}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *serve != "" {
+		known := map[string]string{}
+		for _, n := range names {
+			known[leader.KeyFromLockTag(leader.KeyFromName(n).LockTag()).String()] = n
+		}
+		return servePage(ctx, *dsn, *serve, known, max(*interval, 2*time.Second), func(addr string) {
+			fmt.Fprintf(stderr, "pgleader status: serving the live page on http://%s/\n", addr)
+		})
+	}
 	conn, err := pgx.Connect(ctx, *dsn)
 	if err != nil {
 		return err

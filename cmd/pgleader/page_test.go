@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/proc"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// The live page in a real headless Chromium: it loads with no console
+// error, shows hostile names from the database as text (and runs no
+// script at all), shows the new leader within seconds of a resign, and
+// serves nothing but GET and HEAD. PGLEADER_SCREENSHOT=file.png keeps a
+// screenshot (docs/images/live-page.png comes from it).
+func TestLivePageInBrowser(t *testing.T) {
+	srv := server(t)
+	dsn := srv.DSN()
+	ctx := context.Background()
+
+	// Two electors with fencing (so the page has history), one of them
+	// named like an attack, on a key whose name is one too.
+	evil := "<script>alert(1)</script>"
+	keyName := `<img src=x onerror=alert(2)> billing`
+	key := leader.KeyFromName(keyName)
+	elected := make(chan string, 8)
+	var wg sync.WaitGroup
+	runCtx, stop := context.WithCancel(ctx)
+	defer func() { stop(); wg.Wait() }()
+	for _, id := range []string{evil, "page-b"} {
+		e, err := elector.New(elector.Config{
+			Connect: elector.DSN(dsn), Key: key, Identity: id, Fencing: elector.Fencing{Enabled: true},
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+				elected <- l.Identity
+				<-ctx.Done()
+			}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); e.Run(runCtx) }()
+	}
+	first := recvLine(t, elected)
+
+	// The page, served by the CLI.
+	cmd := exec.Command(bin, "status", "--dsn", dsn, "--serve", "127.0.0.1:0")
+	proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	urls := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if _, u, ok := strings.Cut(sc.Text(), "live page on "); ok {
+				urls <- u
+			}
+		}
+	}()
+	url := recvLine(t, urls)
+
+	// Read-only.
+	resp, err := http.Post(url, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("POST: %d, want 405", resp.StatusCode)
+	}
+	resp, err = http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
+		t.Fatalf("Content-Security-Policy %q", csp)
+	}
+
+	bctx, cancel := newBrowser(t)
+	defer cancel()
+	var mu sync.Mutex
+	var problems []string
+	if err := chromedp.Listen(bctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeWarning {
+				problems = append(problems, fmt.Sprintf("console %s: %v", ev.Type, ev.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, "exception: "+ev.ExceptionDetails.Text)
+		case *log.EventEntryAdded:
+			if ev.Entry.Level == log.EntryLevelError || ev.Entry.Level == log.EntryLevelWarning {
+				problems = append(problems, fmt.Sprintf("log %s: %s", ev.Entry.Level, ev.Entry.Text))
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tctx, tcancel := context.WithTimeout(bctx, 2*waitLong)
+	defer tcancel()
+	if _, err := chromedp.Call(tctx, log.Enable, cdp.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(tctx, runtime.Enable, cdp.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(tctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.ID("elections"))); err != nil {
+		t.Fatal(err)
+	}
+	table := must(chromedp.Run(tctx, chromedp.Text(chromedp.ID("elections"))))(t)
+	scripts := must(chromedp.Run(tctx, chromedp.Evaluate[int](`document.scripts.length`)))(t)
+	images := must(chromedp.Run(tctx, chromedp.Evaluate[int](`document.images.length`)))(t)
+	if !strings.Contains(table, first) || !strings.Contains(table, keyName) {
+		t.Fatalf("the page's elections table does not show the leader %q and the name %q as text:\n%s", first, keyName, table)
+	}
+	if scripts != 0 || images != 0 {
+		t.Fatalf("the page has %d script and %d img elements: a value from the database was not escaped", scripts, images)
+	}
+
+	// A resign shows on the page within a few seconds, by itself.
+	ho, err := elector.RequestResign(ctx, elector.DSN(dsn), key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvLine(t, elected)
+	began := time.Now()
+	for {
+		leaderCell := must(chromedp.Run(tctx, chromedp.Text(chromedp.CSS("#elections tbody tr td:nth-child(2) .leader"))))(t)
+		if leaderCell == ho.To {
+			break
+		}
+		if time.Since(began) > 15*time.Second {
+			t.Fatalf("the page still shows %q as the leader %s after %s took over", leaderCell, time.Since(began), ho.To)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("the page showed the new leader %s %s after the handover", ho.To, time.Since(began).Round(time.Millisecond))
+	if err := chromedp.Do(tctx, chromedp.WaitVisible(chromedp.ID("handovers"))); err != nil {
+		t.Fatal(err)
+	}
+	handovers := must(chromedp.Run(tctx, chromedp.Text(chromedp.ID("handovers"))))(t)
+	if !strings.Contains(handovers, "resigned") {
+		t.Fatalf("recent handovers:\n%s", handovers)
+	}
+	if path := os.Getenv("PGLEADER_SCREENSHOT"); path != "" {
+		if err := chromedp.Do(tctx, chromedp.EmulateViewport(1100, 560), chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("handovers"))); err != nil {
+			t.Fatal(err)
+		}
+		png := must(chromedp.Run(tctx, chromedp.FullScreenshot(100)))(t)
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the browser reported:\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// newBrowser starts a headless Chromium, or fails with how to install one.
+func newBrowser(t *testing.T) (context.Context, context.CancelFunc) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.NoSandbox, chromedp.DisableGPU)
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			opts = append(opts, chromedp.ExecPath(p))
+			break
+		}
+	}
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, bcancel := chromedp.NewContext(actx)
+	// The first call starts the browser, which lives as long as that
+	// call's context: bctx itself, with no timeout.
+	if err := chromedp.Do(bctx); err != nil {
+		bcancel()
+		acancel()
+		if errors.Is(err, exec.ErrNotFound) || strings.Contains(err.Error(), "executable file not found") {
+			t.Fatalf("no Chromium or Chrome to test the live page in: install one (Debian/Ubuntu: apt-get install chromium; macOS: Google Chrome) (%v)", err)
+		}
+		t.Fatalf("could not start a headless Chromium: %v", err)
+	}
+	return bctx, func() { bcancel(); acancel() }
+}
+
+// must turns a value and an error into the value, failing t on the error.
+func must[T any](v T, err error) func(t *testing.T) T {
+	return func(t *testing.T) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
