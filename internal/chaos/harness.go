@@ -69,6 +69,12 @@ type Report struct {
 	// after their context ended, all of which must succeed.
 	Drains  int
 	history []string
+	// HistoryTerms counts the history table's rows for the key, by how
+	// each term ended ("" while it lasts); HistoryMissing counts tenures
+	// without a row (a row is written with the term, so only a failover
+	// that lost a commit would do that).
+	HistoryTerms   map[string]int
+	HistoryMissing int
 }
 
 // OK reports whether no invariant was violated.
@@ -445,7 +451,41 @@ func (h *harness) check() {
 	}
 	defer conn.Close(context.Background())
 	h.checkWrites(conn)
+	h.checkHistory(conn, tenures)
 	h.checkSessions(conn)
+}
+
+// checkHistory compares the history table with the tenures: a row of a
+// tenure's term names that tenure's elector.
+func (h *harness) checkHistory(conn *pgx.Conn, tenures []tenure) {
+	ctx := context.Background()
+	classid, objid, objsubid := leader.KeyFromName(h.key).LockTag()
+	rows, err := conn.Query(ctx, `SELECT term, holder, coalesce(reason, '') FROM pgleader_history WHERE classid = $1 AND objid = $2 AND objsubid = $3`, classid, objid, objsubid)
+	if err != nil {
+		h.violate("history: %v", err)
+		return
+	}
+	holders := map[int64]string{}
+	h.report.HistoryTerms = map[string]int{}
+	for rows.Next() {
+		var term int64
+		var holder, reason string
+		if err := rows.Scan(&term, &holder, &reason); err != nil {
+			h.violate("history: %v", err)
+			return
+		}
+		holders[term] = holder
+		h.report.HistoryTerms[reason]++
+	}
+	rows.Close()
+	for _, t := range tenures {
+		switch got, ok := holders[t.term]; {
+		case !ok:
+			h.report.HistoryMissing++
+		case got != t.id:
+			h.violate("history: term %d names %s, but %s led it", t.term, got, t.id)
+		}
+	}
 }
 
 func (h *harness) violate(format string, args ...any) {
@@ -649,6 +689,17 @@ func (r *Report) Summary() string {
 	fmt.Fprintf(&b, "chaos seed %d: %d tenures, %d fenced writes accepted, %d stale accepted\n", r.Seed, r.Tenures, r.Writes, r.Stale)
 	fmt.Fprintf(&b, "server-ended sessions overlapping the next leader (fenced): %d, longest %s\n", r.ServerEnded, r.MaxServerEnded)
 	fmt.Fprintf(&b, "slow drains (OnElected working 2-3 leases past its context, fenced writes throughout): %d\n", r.Drains)
+	if r.HistoryTerms != nil {
+		var reasons []string
+		for k, n := range r.HistoryTerms {
+			if k == "" {
+				k = "(leads)"
+			}
+			reasons = append(reasons, fmt.Sprintf("%s %d", k, n))
+		}
+		sort.Strings(reasons)
+		fmt.Fprintf(&b, "history table: %s; tenures without a row: %d\n", strings.Join(reasons, ", "), r.HistoryMissing)
+	}
 	fmt.Fprintf(&b, "%-18s %6s %14s %14s %14s\n", "fault", "count", "failover p50", "failover max", "healed->leader")
 	var names []string
 	for f := range r.Faults {
