@@ -2,6 +2,7 @@ package elector_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -108,4 +109,50 @@ func ExampleObserve() {
 	cancel()
 	<-done
 	// Output: leader: ""
+}
+
+// RequestResign asks a key's leader, wherever it runs, to hand over; here
+// to the candidate named "worker-b".
+func ExampleRequestResign() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dsn := exampleDSN()
+	key := leader.KeyFromName("example-handover")
+	elected := make(chan string, 2)
+	done := make(chan struct{}, 2)
+	start := func(id string) {
+		e, _ := elector.New(elector.Config{
+			Connect: elector.DSN(dsn), Key: key, Identity: id,
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+				elected <- l.Identity
+				<-ctx.Done()
+			}},
+		})
+		go func() { e.Run(ctx); done <- struct{}{} }()
+	}
+	start("worker-a")
+	fmt.Println("elected:", <-elected)
+	start("worker-b")
+	// Wait until worker-b stands by (its first poll), then ask.
+	for {
+		ho, err := elector.RequestResign(ctx, elector.DSN(dsn), key, "worker-b")
+		if errors.Is(err, leader.ErrNotCandidate) {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println("handed over:", ho.From, "->", ho.To)
+		break
+	}
+	fmt.Println("elected:", <-elected)
+	cancel()
+	<-done
+	<-done
+	// Output:
+	// elected: worker-a
+	// handed over: worker-a -> worker-b
+	// elected: worker-b
 }
