@@ -103,7 +103,10 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 		if err != nil {
 			return Handover{From: from}, err
 		}
-		if h != "" && h != from {
+		// With a name, other candidates may hold the lock for an instant
+		// (they give a reserved lock back in the statement that won it):
+		// wait for the named one, until the leader's reservation ends.
+		if h != "" && h != from && (to == "" || h == to || time.Since(began) > reservationEnds) {
 			return Handover{From: from, To: h, Took: time.Since(began)}, nil
 		}
 		// Often at first, to time the handover; then every 50 ms while the
@@ -119,6 +122,10 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 		}
 	}
 }
+
+// reservationEnds: past it a leader has released its reservation for a
+// named candidate (handoverQueueWait after its unlock, at most).
+var reservationEnds = 2*handoverQueueWait + time.Second
 
 // answerWait bounds how long RequestResign waits for the leader's answer.
 // A leader reads its socket continuously between renews, so it answers in
