@@ -43,32 +43,17 @@ func run() error {
 	elected := make(chan *elector.Elector, 4)
 	for i := 1; i <= 3; i++ {
 		id := fmt.Sprintf("replica-%d", i)
-		// One replica of the app: an elector and a scheduler.
-		var e *elector.Elector
-		e, err = elector.New(elector.Config{
-			Connect:  elector.DSN(dsn),
-			Key:      leader.KeyFromName("examples/scheduler"),
-			Identity: id,
-			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
-				fmt.Printf("%s is the leader\n", l.Identity)
-				elected <- e
-				<-ctx.Done()
-			}},
+		e, s, err := newReplica(dsn, id, nil, func(ctx context.Context, e *elector.Elector, l leader.Leadership) {
+			fmt.Printf("%s is the leader\n", l.Identity)
+			elected <- e
+		}, func() {
+			fmt.Printf("  %s  job run by %s\n", time.Now().Format("15:04:05"), id)
 		})
 		if err != nil {
 			return err
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); e.Run(ctx) }()
-		s, err := gocron.NewScheduler(gocron.WithDistributedElector(gocronleader.New(e)))
-		if err != nil {
-			return err
-		}
-		if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {
-			fmt.Printf("  %s  job run by %s\n", time.Now().Format("15:04:05"), id)
-		})); err != nil {
-			return err
-		}
 		s.Start()
 		defer s.Shutdown()
 	}
@@ -79,4 +64,34 @@ func run() error {
 	<-elected
 	time.Sleep(3 * time.Second)
 	return nil
+}
+
+// newReplica builds one replica of the app: an elector and a gocron
+// scheduler whose job, firing every second, runs only on the leader.
+func newReplica(dsn, id string, tune func(*elector.Config), onElected func(context.Context, *elector.Elector, leader.Leadership), job func()) (*elector.Elector, gocron.Scheduler, error) {
+	var e *elector.Elector
+	cfg := elector.Config{
+		Connect:  elector.DSN(dsn),
+		Key:      leader.KeyFromName("examples/scheduler"),
+		Identity: id,
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+			onElected(ctx, e, l)
+			<-ctx.Done()
+		}},
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	e, err := elector.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := gocron.NewScheduler(gocron.WithDistributedElector(gocronleader.New(e)))
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(job)); err != nil {
+		return nil, nil, err
+	}
+	return e, s, nil
 }
