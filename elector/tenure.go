@@ -197,7 +197,10 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 			answer(fmt.Sprintf("unknown: no candidate named %q stands for this key", req.To))
 			return nil
 		}
-		if err := ls.Reserve(ctx, e.target, req.To, handoverQueueWait); err != nil {
+		// The named candidate queues within milliseconds of the request
+		// (it heard it too). Wait no longer than a renew interval: no renew
+		// runs meanwhile, and the trust window must not close.
+		if err := ls.Reserve(ctx, e.target, req.To, min(handoverQueueWait, c.RenewInterval)); err != nil {
 			log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
 			answer("failed: " + err.Error())
 			return nil

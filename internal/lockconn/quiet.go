@@ -309,7 +309,6 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		waiting = time.Now().Before(q.namedUntil)
 	}
 	if waiting {
-		waiting = true
 		sql = q.waitSQL
 		var slot *int32
 		if q.heir >= 0 {
