@@ -1,0 +1,337 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// groupWatch records, per key, who leads it, and fails on two at once.
+type groupWatch struct {
+	t       *testing.T
+	mu      sync.Mutex
+	leading map[string]string // key -> member
+	elected map[string]int    // key -> how many OnElected
+	demoted map[string]int
+	bad     []string
+	// faulted: members whose session the test ends; a key of theirs may
+	// be led elsewhere before their OnElected has returned (the server
+	// freed the lock at once; fencing orders that window).
+	faulted  map[string]bool
+	overlaps int
+}
+
+func newGroupWatch(t *testing.T) *groupWatch {
+	w := &groupWatch{t: t, leading: map[string]string{}, elected: map[string]int{}, demoted: map[string]int{}, faulted: map[string]bool{}}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, b := range w.bad {
+			t.Error(b)
+		}
+		for k, n := range w.elected {
+			if w.demoted[k] != n {
+				t.Errorf("key %s: %d OnElected, %d OnDemoted", k, n, w.demoted[k])
+			}
+		}
+	})
+	return w
+}
+
+func (w *groupWatch) callbacks(member string) elector.Callbacks {
+	return elector.Callbacks{
+		OnElected: func(ctx context.Context, l leader.Leadership) {
+			k := l.Key.String()
+			w.mu.Lock()
+			if other, ok := w.leading[k]; ok {
+				if w.faulted[other] {
+					w.overlaps++
+				} else {
+					w.bad = append(w.bad, fmt.Sprintf("key %s: %s elected while %s still leads", k, member, other))
+				}
+			}
+			w.leading[k] = member
+			w.elected[k]++
+			w.mu.Unlock()
+			<-ctx.Done()
+			w.mu.Lock()
+			if w.leading[k] == member {
+				delete(w.leading, k)
+			}
+			w.mu.Unlock()
+		},
+		OnDemoted: func(l leader.Leadership, reason error) {
+			w.mu.Lock()
+			w.demoted[l.Key.String()]++
+			w.mu.Unlock()
+		},
+	}
+}
+
+// counts returns how many keys each member leads, and how many keys are led.
+func (w *groupWatch) counts() (map[string]int, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]int{}
+	for _, m := range w.leading {
+		out[m]++
+	}
+	return out, len(w.leading)
+}
+
+type member struct {
+	g    *elector.Group
+	stop func()
+}
+
+func startMember(t *testing.T, dsn, group, id string, keys []leader.Key, w *groupWatch) *member {
+	t.Helper()
+	g, err := elector.NewGroup(elector.GroupConfig{
+		Connect: elector.DSN(dsn), Group: group, Keys: keys, Identity: id,
+		Callbacks:     w.callbacks(id),
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Logger: testLogger(t, nil),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	m := &member{g: g}
+	var once sync.Once
+	m.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("%s: Run: %v", id, err)
+			}
+		})
+	}
+	t.Cleanup(m.stop)
+	return m
+}
+
+func groupKeys(prefix string, n int) []leader.Key {
+	var keys []leader.Key
+	for i := range n {
+		keys = append(keys, leader.KeyFromName(fmt.Sprintf("%s/%d", prefix, i)))
+	}
+	return keys
+}
+
+// balanced waits until every key is led and the members listed lead
+// between lo and hi keys each.
+func balanced(t *testing.T, w *groupWatch, total, lo, hi int, members ...string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d keys led, %d to %d by each of %v", total, lo, hi, members), func() (bool, string) {
+		c, n := w.counts()
+		if n != total || len(c) != len(members) {
+			return false, fmt.Sprint(n, " led: ", c)
+		}
+		for _, m := range members {
+			if c[m] < lo || c[m] > hi {
+				return false, fmt.Sprint(c)
+			}
+		}
+		return true, ""
+	})
+}
+
+// Members spread the keys evenly, take a joiner's share through graceful
+// hand-overs, spread a leaver's keys over the survivors, and never let two
+// members lead one key (checked on every OnElected).
+func TestGroupBalances(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 30)
+	ms := map[string]*member{}
+	for _, id := range []string{"m1", "m2", "m3"} {
+		ms[id] = startMember(t, srv.DSN(), t.Name(), id, keys, w)
+	}
+	balanced(t, w, 30, 10, 10, "m1", "m2", "m3")
+	ms["m4"] = startMember(t, srv.DSN(), t.Name(), "m4", keys, w)
+	balanced(t, w, 30, 7, 8, "m1", "m2", "m3", "m4")
+	owned := ms["m4"].g.Owned()
+	if len(owned) < 7 || !ms["m4"].g.IsLeader(owned[0]) {
+		t.Fatalf("m4 owns %v", owned)
+	}
+	ms["m2"].stop()
+	balanced(t, w, 30, 10, 10, "m1", "m3", "m4")
+	// A member whose session dies: its keys move at once, and it comes
+	// back for its share.
+	conn := mustConn(t, srv)
+	defer conn.Close(context.Background())
+	w.mu.Lock()
+	w.faulted["m3"] = true
+	before := map[string]int{}
+	for k, m := range w.leading {
+		if m == "m3" {
+			before[k] = w.elected[k]
+		}
+	}
+	w.mu.Unlock()
+	if _, err := conn.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'm3'"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "every key of m3 elected again", func() (bool, string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for k, n := range before {
+			if w.elected[k] <= n {
+				return false, k
+			}
+		}
+		return true, ""
+	})
+	balanced(t, w, 30, 10, 10, "m1", "m3", "m4")
+	t.Logf("%d keys of the terminated member led elsewhere before its OnElected returned (the server-ended window that fencing orders)", w.overlaps)
+	if got := ms["m1"].g.Members(); len(got) != 3 {
+		t.Fatalf("members %v", got)
+	}
+}
+
+// Resign hands one key to another member, fast, and only that key moves.
+func TestGroupResign(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 6)
+	a := startMember(t, srv.DSN(), t.Name(), "ra", keys, w)
+	startMember(t, srv.DSN(), t.Name(), "rb", keys, w)
+	balanced(t, w, 6, 3, 3, "ra", "rb")
+	k := a.g.Owned()[0]
+	began := time.Now()
+	if err := a.g.Resign(context.Background(), k); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rb leads the resigned key", func() (bool, string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.leading[k.String()] == "rb", w.leading[k.String()]
+	})
+	t.Logf("resigned key led by the other member %s after the resign began", time.Since(began))
+	if c, _ := w.counts(); c["ra"] != 2 || c["rb"] != 4 {
+		t.Fatalf("after one resign: %v", c)
+	}
+	if err := a.g.Resign(context.Background(), k); !errors.Is(err, leader.ErrNotLeader) {
+		t.Fatalf("resign of a key it does not lead: %v", err)
+	}
+}
+
+// Bad input: duplicate keys and a missing name are config errors; an empty
+// set joins and leads nothing until SetKeys; members whose sets differ
+// never lead a key twice, and lead everything once the sets agree.
+func TestGroupInput(t *testing.T) {
+	srv := sharedServer(t)
+	k := leader.KeyFromName("dup")
+	on := func(context.Context, leader.Leadership) {}
+	if _, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: "g", Keys: []leader.Key{k, k},
+		Callbacks: elector.Callbacks{OnElected: on}}); !errors.Is(err, elector.ErrInvalidConfig) {
+		t.Fatalf("duplicate keys: %v", err)
+	}
+	if _, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Keys: []leader.Key{k},
+		Callbacks: elector.Callbacks{OnElected: on}}); !errors.Is(err, elector.ErrInvalidConfig) {
+		t.Fatalf("no group name: %v", err)
+	}
+	w := newGroupWatch(t)
+	all := groupKeys(t.Name(), 6)
+	a := startMember(t, srv.DSN(), t.Name(), "ia", nil, w)
+	b := startMember(t, srv.DSN(), t.Name(), "ib", all[:4], w)
+	eventually(t, "both members see each other", func() (bool, string) {
+		return len(a.g.Members()) == 2, fmt.Sprint(a.g.Members())
+	})
+	if err := a.g.SetKeys(all); err != nil {
+		t.Fatal(err)
+	}
+	// Differing sets for a while: nothing is led twice (the watch checks).
+	time.Sleep(500 * time.Millisecond)
+	if err := b.g.SetKeys(all); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, 6, 3, 3, "ia", "ib")
+}
+
+// A group the server's lock table cannot hold fails at once with a typed
+// error that names the setting and the value needed.
+func TestGroupLockTableTooSmall(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20"}})
+	g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: "big", Keys: groupKeys("big", 150),
+		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	err = g.Run(ctx)
+	var lt *elector.LockTableError
+	if !errors.Is(err, elector.ErrLockTable) || !errors.As(err, &lt) || lt.MaxLocksPerTransaction < 15 {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Log(err)
+}
+
+// The assignment is deterministic and balanced for many sizes.
+func TestGroupSpread(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 100)
+	var ids []string
+	for i := range 3 {
+		id := fmt.Sprintf("s%d", i)
+		ids = append(ids, id)
+		startMember(t, srv.DSN(), t.Name(), id, keys, w)
+	}
+	sort.Strings(ids)
+	balanced(t, w, 100, 33, 34, ids...)
+}
+
+// With fencing, each key's elections install its terms, which increase
+// across a hand-over.
+func TestGroupFencing(t *testing.T) {
+	srv := sharedServer(t)
+	key := leader.KeyFromName(t.Name() + "/k")
+	terms := make(chan leader.Leadership, 8)
+	var gs []*elector.Group
+	for _, id := range []string{"fa", "fb"} {
+		g, err := elector.NewGroup(elector.GroupConfig{
+			Connect: elector.DSN(srv.DSN()), Group: t.Name(), Keys: []leader.Key{key}, Identity: id,
+			Fencing:       elector.Fencing{Enabled: true},
+			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+				terms <- l
+				<-ctx.Done()
+			}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs = append(gs, g)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	first := recv(t, terms, "first election")
+	if first.Term < 1 || first.TermsTable == "" {
+		t.Fatalf("first leadership %+v", first)
+	}
+	for _, g := range gs {
+		if g.IsLeader(key) {
+			if err := g.Resign(context.Background(), key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	second := recv(t, terms, "the election after the resign")
+	if second.Identity == first.Identity || second.Term <= first.Term {
+		t.Fatalf("after a resign: %+v, before %+v", second, first)
+	}
+}
