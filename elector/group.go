@@ -289,6 +289,7 @@ func (g *Group) release(t *groupTerm, reason error) {
 	}
 	t.releasing, t.reason, t.releaseAt = true, reason, time.Now().Add(g.cfg.ReleaseTimeout)
 	t.cancel(reason)
+	g.log.Debug("handing over", zap.Stringer("key", t.l.Key), zap.NamedError("reason", reason))
 }
 
 // Run runs the group until ctx ends: it joins, leads its share of the keys,
@@ -361,8 +362,11 @@ func (g *Group) session(ctx context.Context) (err error) {
 		return err
 	}
 	g.log.Info("joined")
-	next := time.Now()
 	for {
+		// The next round is due RenewInterval after this one began, however
+		// many early rounds notifications caused: the trust window runs
+		// from the last round.
+		began := time.Now()
 		if err := g.round(ctx, conn, sess); err != nil {
 			return err
 		}
@@ -372,11 +376,7 @@ func (g *Group) session(ctx context.Context) (err error) {
 		if done {
 			return nil
 		}
-		next = next.Add(c.RenewInterval)
-		if now := time.Now(); next.Before(now) {
-			next = now
-		}
-		if err := g.idle(ctx, conn, next); err != nil {
+		if err := g.idle(ctx, conn, began.Add(c.RenewInterval)); err != nil {
 			return err
 		}
 	}
@@ -582,6 +582,9 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 
 	if len(unlock) == 0 && len(want) == 0 && len(adopt) == 0 {
 		return nil
+	}
+	if ce := g.log.Check(zap.DebugLevel, "exchange"); ce != nil {
+		ce.Write(zap.Int("unlock", len(unlock)), zap.Int("want", len(want)), zap.Int("adopt", len(adopt)), zap.Int("held", len(held)), zap.Strings("members", members))
 	}
 	won, err := g.exchange(rctx, conn, unlock, want, resigned)
 	if err == nil {
@@ -812,6 +815,7 @@ func (g *Group) begin(key leader.Key, pid uint32, term int64) {
 // returned (or ReleaseTimeout passed); until then the key stays in
 // g.ending and is not taken again.
 func (g *Group) end(k tagKey, t *groupTerm, reason error) {
+	g.log.Debug("demoted", zap.Stringer("key", t.l.Key), zap.NamedError("reason", reason))
 	delete(g.owned, k)
 	g.ending[k] = t
 	t.cancel(reason)

@@ -62,6 +62,9 @@ func (w *groupWatch) callbacks(member string) elector.Callbacks {
 			w.elected[k]++
 			w.mu.Unlock()
 			<-ctx.Done()
+			// A short drain: a member that let go of the lock before this
+			// returns would let another lead the key meanwhile.
+			time.Sleep(20 * time.Millisecond)
 			w.mu.Lock()
 			if w.leading[k] == member {
 				delete(w.leading, k)
@@ -334,4 +337,32 @@ func TestGroupFencing(t *testing.T) {
 	if second.Identity == first.Identity || second.Term <= first.Term {
 		t.Fatalf("after a resign: %+v, before %+v", second, first)
 	}
+}
+
+// A member cut off by a silent network (a black hole: no error, no
+// answer) stops trusting its keys RenewDeadline after its last round and
+// cancels every OnElected; the server frees its locks only at
+// LeaseDuration, and only then do the others take the keys: the watch
+// finds no key led twice, without excusing the silent member.
+func TestGroupSilentMember(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 12)
+	p := newProxy(t, srv)
+	startMember(t, srv.DSN(), t.Name(), "sa", keys, w)
+	silent := startMember(t, p.DSN(), t.Name(), "sb", keys, w)
+	balanced(t, w, 12, 6, 6, "sa", "sb")
+	if len(silent.g.Owned()) != 6 {
+		t.Fatalf("sb owns %v", silent.g.Owned())
+	}
+	p.Blackhole()
+	eventually(t, "sa leads every key", func() (bool, string) {
+		c, n := w.counts()
+		return n == 12 && c["sa"] == 12, fmt.Sprint(c)
+	})
+	if got := silent.g.Owned(); len(got) != 0 {
+		t.Fatalf("the silent member still believes it leads %v", got)
+	}
+	p.Heal()
+	balanced(t, w, 12, 6, 6, "sa", "sb")
 }
