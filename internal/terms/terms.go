@@ -57,13 +57,17 @@ func DDL(table string) string {
 // through. The server's error stays in the chain (errors.As finds the
 // *pgconn.PgError).
 func Classify(err error, table string) error {
+	return classify(err, table, DDL(table), "SELECT, INSERT, UPDATE")
+}
+
+func classify(err error, table, ddl, privileges string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "42P01", "3F000": // undefined_table, invalid_schema_name
-			return fmt.Errorf("%w: %s does not exist; turn on table creation, or create it:\n%s;\n(%w)", ErrNoTable, table, DDL(table), err)
+			return fmt.Errorf("%w: %s does not exist; turn on table creation, or create it:\n%s;\n(%w)", ErrNoTable, table, ddl, err)
 		case "42501": // insufficient_privilege
-			return fmt.Errorf("%w: no privilege on %s; grant SELECT, INSERT, UPDATE on it to this role, or CREATE on its schema (%w)", ErrNoTable, table, err)
+			return fmt.Errorf("%w: no privilege on %s; grant %s on it to this role, or CREATE on its schema (%w)", ErrNoTable, table, privileges, err)
 		case "25006": // read_only_sql_transaction
 			return fmt.Errorf("%w: check default_transaction_read_only for this role and database, or turn fencing off (%w)", ErrReadOnly, err)
 		}
@@ -71,8 +75,18 @@ func Classify(err error, table string) error {
 	return err
 }
 
-// Ensure checks that the table exists, and creates it when create is set.
+// Ensure checks that the terms table exists, and creates it when create
+// is set.
 func Ensure(ctx context.Context, conn *pgx.Conn, table string, create bool) error {
+	return ensure(ctx, conn, table, create, DDL(table), "SELECT, INSERT, UPDATE")
+}
+
+// EnsureHistory is Ensure for a history table.
+func EnsureHistory(ctx context.Context, conn *pgx.Conn, table string, create bool) error {
+	return ensure(ctx, conn, table, create, HistoryDDL(table), "SELECT, INSERT, UPDATE, DELETE")
+}
+
+func ensure(ctx context.Context, conn *pgx.Conn, table string, create bool, ddl, privileges string) error {
 	q, err := Quote(table)
 	if err != nil {
 		return err
@@ -84,18 +98,19 @@ func Ensure(ctx context.Context, conn *pgx.Conn, table string, create bool) erro
 	if exists {
 		// Prove access now rather than at the first election.
 		_, err := conn.Exec(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
-		return Classify(err, table)
+		return classify(err, table, ddl, privileges)
 	}
 	if !create {
-		return Classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"}, table)
+		return classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"}, table, ddl, privileges)
 	}
-	if _, err := conn.Exec(ctx, DDL(table)); err != nil {
+	// The simple protocol: a DDL may hold more than one statement.
+	if _, err := conn.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
 		var pgErr *pgconn.PgError
 		// Concurrent CREATE TABLE IF NOT EXISTS can race on the catalogs.
 		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
 			return nil
 		}
-		return Classify(err, table)
+		return classify(err, table, ddl, privileges)
 	}
 	return nil
 }
@@ -143,40 +158,6 @@ func HistoryDDL(table string) string {
     PRIMARY KEY (classid, objid, objsubid, term)
 );
 CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + q + ` (elected_at)`
-}
-
-// EnsureHistory is Ensure for a history table.
-func EnsureHistory(ctx context.Context, conn *pgx.Conn, table string, create bool) error {
-	q, err := Quote(table)
-	if err != nil {
-		return err
-	}
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q).Scan(&exists); err != nil {
-		return err
-	}
-	classify := func(err error) error {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-			return fmt.Errorf("%w: %s does not exist; turn on table creation, or create it:\n%s;\n(%w)", ErrNoTable, table, HistoryDDL(table), err)
-		}
-		return Classify(err, table)
-	}
-	if exists {
-		_, err := conn.Exec(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
-		return classify(err)
-	}
-	if !create {
-		return classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"})
-	}
-	if _, err := conn.Exec(ctx, HistoryDDL(table), pgx.QueryExecModeSimpleProtocol); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-			return nil
-		}
-		return classify(err)
-	}
-	return nil
 }
 
 // BumpHistorySQL is BumpSQL that also, in the same statement, opens the
