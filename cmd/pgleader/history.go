@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -44,7 +43,7 @@ word (a crash); the next term marks it "superseded".
 	table := fs.String("table", leader.DefaultHistoryTable, "history table")
 	var name string
 	var err error
-	if name, err = parseOptionalName(fs, args); err != nil {
+	if name, err = parseName(fs, args, true); err != nil {
 		return err
 	}
 	if err := needDSN(*dsn); err != nil {
@@ -115,22 +114,4 @@ func readHistory(ctx context.Context, conn *pgx.Conn, quoted, name string, since
 		out = append(out, r)
 	}
 	return out, rs.Err()
-}
-
-// parseOptionalName is parseName for an optional NAME.
-func parseOptionalName(fs *flag.FlagSet, args []string) (string, error) {
-	if err := fs.Parse(args); err != nil {
-		return "", err
-	}
-	if fs.NArg() == 0 {
-		return "", nil
-	}
-	name := fs.Arg(0)
-	if err := fs.Parse(fs.Args()[1:]); err != nil {
-		return "", err
-	}
-	if fs.NArg() != 0 {
-		return "", usageError{fmt.Sprintf("at most one NAME, got %q too", fs.Args())}
-	}
-	return name, nil
 }

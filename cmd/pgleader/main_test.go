@@ -548,32 +548,10 @@ func TestElectListenFencingHistory(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "terms")
 	name := fmt.Sprintf("listened-%d", time.Now().UnixNano())
-	addrs := make(chan string, 2)
-	for _, id := range []string{"l-a", "l-b"} {
-		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--fencing", "--listen", "127.0.0.1:0", "--allow-resign", name, "--",
-			"sh", "-c", fmt.Sprintf(`echo "$PGLEADER_IDENTITY,$PGLEADER_TERM,$PGLEADER_TERMS_TABLE" >> %s; exec sleep 600`, log))
-		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
-		stderr, err := cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		go func() {
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				if _, addr, ok := strings.Cut(sc.Text(), "/metrics on "); ok {
-					addrs <- id + " " + addr
-				}
-			}
-		}()
-	}
 	urls := map[string]string{}
-	for range 2 {
-		id, addr, _ := strings.Cut(recvLine(t, addrs), " ")
-		urls[id] = "http://" + addr
+	for _, id := range []string{"l-a", "l-b"} {
+		urls[id] = "http://" + serve(t, "/metrics on ", "elect", "--dsn", dsn, "--identity", id, "--fencing", "--listen", "127.0.0.1:0", "--allow-resign", name, "--",
+			"sh", "-c", fmt.Sprintf(`echo "$PGLEADER_IDENTITY,$PGLEADER_TERM,$PGLEADER_TERMS_TABLE" >> %s; exec sleep 600`, log))
 	}
 	first := strings.Split(waitLines(t, log, 1)[0], ",")
 	if len(first) != 3 || first[1] != "1" || first[2] != "pgleader_terms" { // a new name: its first term
@@ -647,6 +625,36 @@ func TestElectListenFencingHistory(t *testing.T) {
 	if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 2 || rows[0]["reason"] != "resigned" {
 		t.Fatalf("history --json: %v %s", err, out)
 	}
+}
+
+// serve starts the CLI with args, waits until its stderr says where it
+// serves (the text after marker), and returns that; the process is killed
+// at cleanup.
+func serve(t *testing.T, marker string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addrs := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if _, addr, ok := strings.Cut(sc.Text(), marker); ok {
+				select {
+				case addrs <- addr:
+				default:
+				}
+			}
+		}
+	}()
+	return recvLine(t, addrs)
 }
 
 func recvLine(t *testing.T, ch <-chan string) string {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,7 +18,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/proc"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -60,26 +57,7 @@ func TestLivePageInBrowser(t *testing.T) {
 	first := recvLine(t, elected)
 
 	// The page, served by the CLI.
-	cmd := exec.Command(bin, "status", "--dsn", dsn, "--serve", "127.0.0.1:0")
-	proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	urls := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if _, u, ok := strings.Cut(sc.Text(), "live page on "); ok {
-				urls <- u
-			}
-		}
-	}()
-	url := recvLine(t, urls)
+	url := serve(t, "live page on ", "status", "--dsn", dsn, "--serve", "127.0.0.1:0")
 
 	// Read-only.
 	resp, err := http.Post(url, "text/plain", nil)

@@ -24,7 +24,7 @@ candidate, 1 no answer or another error.
 `, stderr)
 	to := fs.String("to", "", "identity of the candidate to hand over to (default: any)")
 	timeout := fs.Duration("timeout", time.Minute, "give up after this long (the old leader may drain that long)")
-	name, err := parseName(fs, args)
+	name, err := parseName(fs, args, false)
 	if err != nil {
 		return err
 	}
@@ -52,12 +52,16 @@ candidate, 1 no answer or another error.
 	return nil
 }
 
-// parseName parses flags before and after the one positional NAME.
-func parseName(fs *flag.FlagSet, args []string) (string, error) {
+// parseName parses flags before and after the one positional NAME; with
+// optional, NAME may be left out ("").
+func parseName(fs *flag.FlagSet, args []string, optional bool) (string, error) {
 	if err := fs.Parse(args); err != nil {
 		return "", err
 	}
 	if fs.NArg() == 0 {
+		if optional {
+			return "", nil
+		}
 		return "", usageError{"NAME is required"}
 	}
 	name := fs.Arg(0)
