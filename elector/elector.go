@@ -258,22 +258,9 @@ func (e *Elector) Run(ctx context.Context) error {
 		go func() { defer close(stopped); e.reportLeaders(stop) }()
 		defer func() { close(stop); <-stopped }()
 	}
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 25 * time.Millisecond
-	bo.MaxInterval = e.cfg.ReconnectMaxDelay
-	bo.Multiplier = 2
-	bo.RandomizationFactor = 0.5
-	bo.MaxElapsedTime = 0
-	bo.Reset()
-	attempt := 0
+	r := newRetry(e.cfg.ReconnectMaxDelay, e.cfg.RenewInterval, e.cfg.LeaseDuration)
 	for {
 		served, err := e.connectAndServe(ctx)
-		if served > e.cfg.LeaseDuration {
-			// A session that lasted resets the backoff; one that breaks
-			// right after it was set up (a crash loop) does not.
-			attempt = 0
-			bo.Reset()
-		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -282,14 +269,8 @@ func (e *Elector) Run(ctx context.Context) error {
 			e.log.Error("giving up: retrying cannot fix this", zap.Error(err))
 			return err
 		}
-		attempt++
-		delay := bo.NextBackOff()
-		if errors.Is(err, leader.ErrStandby) {
-			delay = max(delay, e.cfg.RenewInterval)
-			e.log.Error("connected to a standby; reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-		} else {
-			e.log.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-		}
+		attempt, delay := r.next(served, err)
+		r.log(e.log, attempt, delay, err)
 		e.obs.Reconnecting(e.cfg.Key, e.cfg.Identity, attempt, delay, err)
 		t := time.NewTimer(delay)
 		select {
@@ -298,6 +279,53 @@ func (e *Elector) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
+	}
+}
+
+// retry is the backoff between sessions, shared by the Elector and the
+// Group: jittered and exponential, capped at ReconnectMaxDelay; reset only
+// by a session that lasted LeaseDuration (so a server that accepts and then
+// drops every session does not cause a tight loop); and never faster than
+// RenewInterval on a standby.
+type retry struct {
+	bo              *backoff.ExponentialBackOff
+	interval, lease time.Duration
+	attempt         int
+}
+
+func newRetry(maxDelay, interval, lease time.Duration) *retry {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 25 * time.Millisecond
+	bo.MaxInterval = maxDelay
+	bo.Multiplier = 2
+	bo.RandomizationFactor = 0.5
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	return &retry{bo: bo, interval: interval, lease: lease}
+}
+
+// next returns the attempt's number and the delay before it, after a
+// session that lasted served and ended with err.
+func (r *retry) next(served time.Duration, err error) (int, time.Duration) {
+	if served > r.lease {
+		r.attempt = 0
+		r.bo.Reset()
+	}
+	r.attempt++
+	delay := r.bo.NextBackOff()
+	if errors.Is(err, leader.ErrStandby) {
+		delay = max(delay, r.interval)
+	}
+	return r.attempt, delay
+}
+
+// log says why and when the next session comes: a standby at error level,
+// on every attempt.
+func (r *retry) log(l *zap.Logger, attempt int, delay time.Duration, err error) {
+	if errors.Is(err, leader.ErrStandby) {
+		l.Error("connected to a standby; reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+	} else {
+		l.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
 	}
 }
 

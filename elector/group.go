@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
@@ -296,16 +295,16 @@ func (g *Group) release(t *groupTerm, reason error) {
 // hands keys over as members come and go, and reconnects after faults.
 // When ctx ends it hands every key over gracefully and returns nil. It
 // returns an error for what retrying cannot fix: Permanent errors, and a
-// lock table too small for the group (ErrLockTable).
+// lock table too small for the group (ErrLockTable). Everything else is
+// retried with the Elector's backoff (see Elector.Run).
 func (g *Group) Run(ctx context.Context) error {
 	if !g.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
 	defer g.wg.Wait()
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 25*time.Millisecond, g.cfg.ReconnectMaxDelay, 0
-	bo.Reset()
+	r := newRetry(g.cfg.ReconnectMaxDelay, g.cfg.RenewInterval, g.cfg.LeaseDuration)
 	for {
+		began := time.Now()
 		err := g.session(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -314,8 +313,8 @@ func (g *Group) Run(ctx context.Context) error {
 			g.log.Error("giving up: retrying cannot fix this", zap.Error(err))
 			return err
 		}
-		delay := bo.NextBackOff()
-		g.log.Warn("reconnecting", zap.Duration("delay", delay), zap.Error(err))
+		attempt, delay := r.next(time.Since(began), err)
+		r.log(g.log, attempt, delay, err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -822,13 +821,9 @@ func (g *Group) end(k tagKey, t *groupTerm, reason error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		timer := time.NewTimer(g.cfg.ReleaseTimeout)
-		select {
-		case <-t.done:
-		case <-timer.C:
+		if !waitUntil(t.done, time.Now().Add(g.cfg.ReleaseTimeout)) {
 			g.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled", zap.Stringer("key", t.l.Key))
 		}
-		timer.Stop()
 		if g.cfg.Callbacks.OnDemoted != nil {
 			g.cfg.Callbacks.OnDemoted(t.l, reason)
 		}
