@@ -44,16 +44,8 @@ func childMain(role string) int {
 		config: func(c *elector.Config) {
 			c.RenewInterval, c.RenewDeadline, c.LeaseDuration = testInterval, testDeadline, testLease
 		}}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			if _, err := os.Stdin.Read(buf); err != nil {
-				cancel()
-				return
-			}
-		}
-	}()
+	ctx, cancel := testpg.UntilStdinCloses()
+	defer cancel()
 	if err := r.run(ctx); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -175,12 +167,18 @@ func TestExactlyOnceUnderFaults(t *testing.T) {
 	// Keep it stopped well past the lease and the open transaction's
 	// timeout, then let it run: its batch must be refused.
 	time.Sleep(testLease + 3*time.Second)
+	resumed := testpg.Mono()
 	children[cur].Resume()
 	t.Logf("SIGSTOP of %s past the lease: consumption resumed after %s", cur, took)
 
 	waitApplied(records)
-	// Let the resumed replica find out it was demoted, then stop all.
-	time.Sleep(2 * testLease)
+	// The resumed replica finds out it was demoted and stops consuming;
+	// then stop all.
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if _, err := children[cur].WaitAfter(wctx, "stopped", resumed); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range children {
 		c.CloseStdin()
 	}

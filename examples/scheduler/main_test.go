@@ -25,6 +25,8 @@ const testLease = 2 * time.Second
 // childMain is one replica process: an elector and a gocron scheduler
 // whose every-second job records its tick in the database.
 func childMain(role string) int {
+	stdinClosed, stop := testpg.UntilStdinCloses()
+	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	conn, err := pgx.Connect(ctx, os.Getenv("SCHED_DSN"))
@@ -53,12 +55,7 @@ func childMain(role string) int {
 	done := make(chan struct{})
 	go func() { defer close(done); e.Run(ctx) }()
 	s.Start()
-	buf := make([]byte, 64)
-	for {
-		if _, err := os.Stdin.Read(buf); err != nil {
-			break
-		}
-	}
+	<-stdinClosed.Done()
 	s.Shutdown()
 	cancel()
 	<-done

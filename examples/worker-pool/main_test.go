@@ -35,16 +35,8 @@ func childMain(role string) int {
 		config: func(c *elector.Config) {
 			c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 200*time.Millisecond, time.Second, testLease
 		}}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			if _, err := os.Stdin.Read(buf); err != nil {
-				cancel()
-				return
-			}
-		}
-	}()
+	ctx, cancel := testpg.UntilStdinCloses()
+	defer cancel()
 	if err := r.run(ctx); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -134,11 +126,17 @@ func TestActivePassiveUnderFaults(t *testing.T) {
 	children[paused].Pause()
 	took = takeover(paused, began, since)
 	time.Sleep(testLease + 3*time.Second)
+	resumed := testpg.Mono()
 	children[paused].Resume()
 	t.Logf("SIGSTOP of the active %s past the lease: %s took over after %s", paused, active(), took)
 
 	waitDone(jobs)
-	time.Sleep(2 * testLease) // the resumed replica finds out it was demoted
+	// The resumed replica finds out it was demoted and stops its workers.
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if _, err := children[paused].WaitAfter(wctx, "passive", resumed); err != nil {
+		t.Fatal(err)
+	}
 	if err := check(ctx, conn, jobs); err != nil {
 		t.Fatal(err)
 	}

@@ -156,6 +156,24 @@ func (c *Child) WaitAny(ctx context.Context, evs ...string) (Event, error) {
 	}
 }
 
+// WaitAfter waits until the child has reported an event named ev at or
+// after the monotonic time since (see Mono), whether or not Wait consumed
+// it, until ctx ends.
+func (c *Child) WaitAfter(ctx context.Context, ev string, since int64) (Event, error) {
+	for {
+		for _, e := range c.Log() {
+			if e.Ev == ev && e.Mono >= since {
+				return e, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return Event{}, fmt.Errorf("waiting for child event %q: %w", ev, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // Log returns every event the child has reported so far.
 func (c *Child) Log() []Event {
 	c.mu.Lock()
@@ -181,4 +199,15 @@ func (w *testWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	w.t.Logf("%s%s", w.prefix, p)
 	return len(p), nil
+}
+
+// UntilStdinCloses returns a context that ends when the child's stdin
+// closes: the test's CloseStdin, or the test process ending.
+func UntilStdinCloses() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		defer cancel()
+		io.Copy(io.Discard, os.Stdin)
+	}()
+	return ctx, cancel
 }
