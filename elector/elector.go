@@ -161,10 +161,12 @@ func (e *Elector) Resign(ctx context.Context) error {
 	// for the elector's loop to notice (it is reading the idle socket):
 	// the callback then returns while the loop wakes, which shortens a
 	// handover. stepDown does the same again, and the first cause stays.
+	// The stop signal goes first: a callback that returns at once would
+	// otherwise set its own cause (ErrCallbackReturned) before ours.
 	e.leading.Store(false)
 	e.trustUntil.Store(0)
-	t.cancel(leader.ErrResigned)
 	t.stopWith(leader.ErrResigned)
+	t.cancel(leader.ErrResigned)
 	if fromCallback {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,5 +116,43 @@ func TestRequestResignRefused(t *testing.T) {
 	defer cancel()
 	if _, err := elector.RequestResign(rctx, elector.DSN(srv.DSN()), key2, ""); !errors.Is(err, leader.ErrRefused) {
 		t.Fatalf("a request to an elector that takes none: %v", err)
+	}
+}
+
+// A Resign from outside always demotes with ErrResigned, also when
+// OnElected returns the instant its context ends (its own return must not
+// race the resign's cause). Two electors, so that each resign hands over
+// at once.
+func TestResignReasonWithQuickCallback(t *testing.T) {
+	srv := sharedServer(t)
+	elected := make(chan *elector.Elector, 2)
+	demoted := make(chan error, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for _, id := range []string{"quick-a", "quick-b"} {
+		var e *elector.Elector
+		e, err := elector.New(elector.Config{
+			Connect: elector.DSN(srv.DSN()), Key: testKey(t), Identity: id,
+			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+			Callbacks: elector.Callbacks{
+				OnElected: func(ctx context.Context, l leader.Leadership) { elected <- e; <-ctx.Done() },
+				OnDemoted: func(l leader.Leadership, reason error) { demoted <- reason },
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); e.Run(ctx) }()
+	}
+	for i := range 30 {
+		e := recv(t, elected, "an election")
+		if err := e.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if reason := recv(t, demoted, "the demotion"); !errors.Is(reason, leader.ErrResigned) {
+			t.Fatalf("resign %d: demoted with %v, want ErrResigned", i, reason)
+		}
 	}
 }

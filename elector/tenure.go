@@ -110,7 +110,16 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 	e.setLeader(c.Identity)
 	go func() {
 		defer close(t.cbDone)
-		defer t.stopWith(leader.ErrCallbackReturned)
+		defer func() {
+			// Returning because its context ended is not returning on
+			// its own: the context's cause (a resign, a fault) stays the
+			// reason, whichever signal reached the loop first.
+			cause := error(leader.ErrCallbackReturned)
+			if leadCtx.Err() != nil {
+				cause = context.Cause(leadCtx)
+			}
+			t.stopWith(cause)
+		}()
 		c.Callbacks.OnElected(leadCtx, l)
 	}()
 	// Let OnElected run first: the rest (the log line, the Observer, the
