@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -74,6 +75,12 @@ type GroupConfig struct {
 	// Fencing installs a term per key at each of its elections (no
 	// history table for groups yet).
 	Fencing Fencing
+
+	// SingleConnection turns the crash watch off: the group then uses one
+	// connection per member instead of two, and a member that dies is
+	// noticed at the survivors' next round (up to RenewInterval later)
+	// instead of at once. See the README's Group section.
+	SingleConnection bool
 }
 
 // ErrLockTable is returned (wrapped) by NewGroup's Run when the server's
@@ -120,8 +127,17 @@ type Group struct {
 
 	wg sync.WaitGroup // every OnElected and OnDemoted goroutine
 
-	mu       sync.Mutex
-	keys     map[tagKey]leader.Key
+	mu    sync.Mutex
+	keys  map[tagKey]leader.Key
+	order []tagKey // keys in assignment order (see assign)
+	// The last assignment, kept while its inputs (keys, members, holds)
+	// stay the same: owner[i] is the index in assigned of order[i]'s member.
+	owner    []int
+	assigned []string
+	mine     map[tagKey]bool // this member's keys in it
+	rekey    bool            // the keys changed: assign again now
+	dirty    bool            // the holds changed: assign again at the next full round
+	gifts    map[tagKey]bool // keys resigned to this member, taken before that
 	owned    map[tagKey]*groupTerm
 	ending   map[tagKey]*groupTerm // demoted, OnDemoted still to come: not taken again until then
 	members  []string
@@ -129,6 +145,13 @@ type Group struct {
 	holds    map[tagKey]resignHold // keys resigned by a member: not assigned to it for a while
 	stopping bool
 	termSQL  string
+
+	// The crash watch (groupwatch.go): the ring successor it watches, and
+	// members it reported gone that a round still listed.
+	ring     chan string
+	ringLast string
+	gone     map[string]time.Time
+	soon     bool // run the next round within a few milliseconds
 }
 
 // tagKey is a key as pg_locks shows it.
@@ -174,7 +197,7 @@ func NewGroup(cfg GroupConfig) (*Group, error) {
 	if cfg.Group == "" || len(cfg.Group) > 200 {
 		return nil, &ConfigError{Field: "Group", Rule: "must be 1 to 200 bytes"}
 	}
-	g := &Group{cfg: cfg, wake: make(chan struct{}, 1), owned: map[tagKey]*groupTerm{}, ending: map[tagKey]*groupTerm{}, holds: map[tagKey]resignHold{}}
+	g := &Group{cfg: cfg, wake: make(chan struct{}, 1), owned: map[tagKey]*groupTerm{}, ending: map[tagKey]*groupTerm{}, holds: map[tagKey]resignHold{}, gone: map[string]time.Time{}, gifts: map[tagKey]bool{}}
 	if err := g.setKeys(cfg.Keys); err != nil {
 		return nil, err
 	}
@@ -202,8 +225,9 @@ func (g *Group) setKeys(keys []leader.Key) error {
 		}
 		m[t] = k
 	}
+	order := keyOrder(m)
 	g.mu.Lock()
-	g.keys = m
+	g.keys, g.order, g.rekey = m, order, true
 	g.mu.Unlock()
 	return nil
 }
@@ -270,6 +294,7 @@ func (g *Group) Resign(ctx context.Context, key leader.Key) error {
 		return leader.ErrNotLeader
 	}
 	g.holds[tagOf(key)] = resignHold{member: g.cfg.Identity, until: time.Now().Add(10 * g.cfg.RenewInterval)}
+	g.dirty = true
 	g.release(t, leader.ErrResigned)
 	g.mu.Unlock()
 	g.poke()
@@ -349,24 +374,58 @@ func (g *Group) session(ctx context.Context) (err error) {
 	if err := g.checkCapacity(sctx, conn); err != nil {
 		return err
 	}
+	if err := g.prepare(sctx, conn); err != nil {
+		return fmt.Errorf("session setup: %w", err)
+	}
 	if c.Fencing.Enabled {
 		if err := terms.Ensure(sctx, conn, c.Fencing.Table, !c.Fencing.NoCreate); err != nil {
 			return fmt.Errorf("fencing: %w", err)
 		}
 	}
-	// Join: the roster lock, the channel, and a word to the others.
-	if _, err := conn.Exec(sctx, "LISTEN "+pgx.Identifier{g.channel}.Sanitize()+
+	// Join: the member lock (one member per identity), the roster lock,
+	// the channel, and a word to the others.
+	var alone bool
+	if err := conn.QueryRow(sctx, fmt.Sprintf("SELECT pg_try_advisory_lock(%d, $1)", lockconn.HeirClass),
+		memberLock(c.Group, c.Identity)).Scan(&alone); err != nil {
+		return err
+	}
+	if !alone {
+		return fmt.Errorf("another session named %q is a member of group %q (identities must be unique in a group; an old session of this member may also linger until its lease ends)", c.Identity, c.Group)
+	}
+	if _, err := conn.Exec(sctx, "LISTEN "+pgx.Identifier{g.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{g.heirChannel(c.Identity)}.Sanitize()+
 		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d), pg_notify('%s', 'joined')", lockconn.HeirClass, g.roster, g.channel),
 		pgx.QueryExecModeSimpleProtocol); err != nil {
 		return err
 	}
 	g.log.Info("joined")
+	if !c.SingleConnection {
+		wctx, stop := context.WithCancel(ctx)
+		ring := make(chan string, 1)
+		g.mu.Lock()
+		g.ring, g.ringLast = ring, ""
+		g.mu.Unlock()
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			g.watchRing(wctx, ring)
+		}()
+		defer stop()
+	}
+	// A full round proves every key and reads the members; it is due
+	// RenewInterval after the last one began, however many light rounds
+	// ran between (the trust window runs from the last full round). A
+	// light round (wake == wakeLight) only releases what is handed over and
+	// takes what is free and this member's, with the members the last
+	// full round read: a hand-over then costs two round trips on each
+	// side, not two scans of pg_locks.
+	var began time.Time
+	wake := wakeFull
 	for {
-		// The next round is due RenewInterval after this one began, however
-		// many early rounds notifications caused: the trust window runs
-		// from the last round.
-		began := time.Now()
-		if err := g.round(ctx, conn, sess); err != nil {
+		full := wake == wakeFull || time.Since(began) >= c.RenewInterval
+		if full {
+			began = time.Now()
+		}
+		if err := g.round(ctx, conn, sess, full); err != nil {
 			return err
 		}
 		g.mu.Lock()
@@ -375,15 +434,30 @@ func (g *Group) session(ctx context.Context) (err error) {
 		if done {
 			return nil
 		}
-		if err := g.idle(ctx, conn, began.Add(c.RenewInterval)); err != nil {
+		next := began.Add(c.RenewInterval)
+		g.mu.Lock()
+		if g.soon {
+			// A member the crash watch reported gone was still listed:
+			// its backend was still releasing its locks.
+			next, g.soon = time.Now().Add(5*time.Millisecond), false
+		}
+		g.mu.Unlock()
+		if wake, err = g.idle(ctx, conn, sess.PID, next); err != nil {
 			return err
 		}
 	}
 }
 
+// What ends an idle wait, and so which round follows.
+const (
+	wakeFull  = iota // the round is due, or the members changed
+	wakeLight        // a poke, or a key was released or resigned
+)
+
 // idle reads the session until `until`, a poke, or a notification on the
-// group's channel (a member joined, or a key was released or resigned).
-func (g *Group) idle(ctx context.Context, conn *pgx.Conn, until time.Time) error {
+// group's channel (a member joined or is gone, or a key was released or
+// resigned).
+func (g *Group) idle(ctx context.Context, conn *pgx.Conn, self uint32, until time.Time) (int, error) {
 	wctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	g.mu.Lock()
@@ -393,9 +467,11 @@ func (g *Group) idle(ctx context.Context, conn *pgx.Conn, until time.Time) error
 		stop := context.AfterFunc(ctx, cancel)
 		defer stop()
 	}
+	var poked atomic.Bool
 	go func() {
 		select {
 		case <-g.wake:
+			poked.Store(true)
 			cancel()
 		case <-wctx.Done():
 		}
@@ -404,8 +480,8 @@ func (g *Group) idle(ctx context.Context, conn *pgx.Conn, until time.Time) error
 		n, err := conn.WaitForNotification(wctx)
 		switch {
 		case err == nil:
-			if g.heard(n) {
-				return nil
+			if wake, ok := g.heard(n, self); ok {
+				return wake, nil
 			}
 		case ctx.Err() != nil && !stopping:
 			g.mu.Lock()
@@ -416,29 +492,50 @@ func (g *Group) idle(ctx context.Context, conn *pgx.Conn, until time.Time) error
 				}
 			}
 			g.mu.Unlock()
-			return nil
+			return wakeLight, nil
 		case wctx.Err() != nil:
-			return nil
+			if poked.Load() {
+				return wakeLight, nil
+			}
+			return wakeFull, nil
 		default:
-			return fmt.Errorf("%w: %w", leader.ErrConnectionLost, err)
+			return 0, fmt.Errorf("%w: %w", leader.ErrConnectionLost, err)
 		}
 	}
 }
 
-// heard handles a notification; it reports whether a round should run now.
-func (g *Group) heard(n *pgconn.Notification) bool {
-	if n.Channel != g.channel {
-		return false
+// heard handles a notification; it reports whether a round should run
+// now, and which.
+func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
+	if n.Channel != g.channel && n.Channel != g.heirChannel(g.cfg.Identity) || n.PID == self {
+		return 0, false
 	}
-	if member, tag, ok := strings.Cut(n.Payload, " resigned "); ok {
+	if member, ok := strings.CutPrefix(n.Payload, "gone "); ok {
+		g.mu.Lock()
+		g.gone[member] = time.Now()
+		g.mu.Unlock()
+		return wakeFull, true
+	}
+	if n.Payload == "released" {
+		return wakeLight, true
+	}
+	// "<member> resigned <tag> to <member>": only the heir need act now.
+	if member, rest, ok := strings.Cut(n.Payload, " resigned "); ok {
+		tag, to, _ := strings.Cut(rest, " to ")
 		var t tagKey
 		if _, err := fmt.Sscanf(tag, "%d.%d.%d", &t.c, &t.o, &t.s); err == nil {
 			g.mu.Lock()
 			g.holds[t] = resignHold{member: member, until: time.Now().Add(10 * g.cfg.RenewInterval)}
+			g.dirty = true
+			heir := to == g.cfg.Identity
+			if heir {
+				g.gifts[t] = true
+			}
 			g.mu.Unlock()
+			return wakeLight, heir
 		}
 	}
-	return true
+	return wakeFull, true
 }
 
 // checkCapacity refuses a group the server's lock table cannot hold.
@@ -478,10 +575,13 @@ const checkSQL = `SELECT pg_backend_pid(), current_setting('pgleader.owner', tru
 // round is one round: prove and renew every key, read the members, hand
 // over what is no longer this member's, release what is handed over, and
 // take what is.
-func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session) error {
+func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, full bool) error {
 	c := g.cfg
 	sent := time.Now()
 	g.mu.Lock()
+	if !full && !sent.Before(g.trustEnd) && len(g.owned) > 0 {
+		full = true // the keys are in doubt: only a full round may go on
+	}
 	// While it leads keys, the round must answer within the trust window
 	// (a deadline already past fails it at once: the keys are in doubt).
 	deadline := g.trustEnd
@@ -491,43 +591,81 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	g.mu.Unlock()
 	rctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	b := &pgx.Batch{}
-	b.Queue(checkSQL)
-	b.Queue(scanSQL, uint32(g.roster))
-	br := conn.SendBatch(rctx, b)
-	held, members, err := readScan(br, sess)
-	br.Close()
-	if err != nil {
-		if rctx.Err() != nil {
-			return fmt.Errorf("%w: no answer within the trust window: %w", leader.ErrRenewDeadline, err)
+	held, members := map[tagKey]bool{}, []string(nil)
+	if full {
+		b := &pgx.Batch{}
+		b.Queue(checkSQL)
+		b.Queue(scanSQL, uint32(g.roster))
+		br := conn.SendBatch(rctx, b)
+		var err error
+		held, members, err = readScan(br, sess)
+		br.Close()
+		if err != nil {
+			if rctx.Err() != nil {
+				return fmt.Errorf("%w: no answer within the trust window: %w", leader.ErrRenewDeadline, err)
+			}
+			return err
 		}
-		return err
 	}
 
 	g.mu.Lock()
-	g.members = members
-	g.trustEnd = sent.Add(c.RenewDeadline)
-	// Keys whose lock is gone: demoted alone, nothing to release.
-	for k, t := range g.owned {
-		if !held[k] {
-			g.end(k, t, leader.ErrLockLost)
+	if full {
+		g.members = members
+		g.trustEnd = sent.Add(c.RenewDeadline)
+		g.watchNext(sent)
+		// Keys whose lock is gone: demoted alone, nothing to release.
+		for k, t := range g.owned {
+			if !held[k] {
+				g.end(k, t, leader.ErrLockLost)
+			}
+		}
+	} else {
+		// A light round proves no lock: it goes by what this member
+		// holds, and does not extend the trust window.
+		members = g.members
+		for k := range g.owned {
+			held[k] = true
 		}
 	}
 	now := time.Now()
 	for k, h := range g.holds {
 		if now.After(h.until) {
 			delete(g.holds, k)
+			g.dirty = true
+		}
+	}
+	// Assign again when the keys or the members changed, and at a full
+	// round when the holds did. Between, a light round goes by the last
+	// assignment, less the keys this member resigned, plus the keys
+	// resigned to it: a hand-over does not wait for an assignment.
+	if g.rekey || !slices.Equal(members, g.assigned) || full && g.dirty {
+		g.owner, g.assigned, g.rekey, g.dirty = assign(g.order, members, g.holds), members, false, false
+		g.mine, g.gifts = map[tagKey]bool{}, map[tagKey]bool{}
+		if me := slices.Index(g.assigned, c.Identity); me >= 0 {
+			for i, o := range g.owner {
+				if o == me {
+					g.mine[g.order[i]] = true
+				}
+			}
 		}
 	}
 	mine := map[tagKey]bool{}
 	if !g.stopping {
-		mine = assign(g.keys, members, g.holds, c.Identity)
+		mine = g.mine
+		if len(g.gifts) > 0 {
+			mine = maps.Clone(mine)
+			for k := range g.gifts {
+				if _, ok := g.keys[k]; ok {
+					mine[k] = true
+				}
+			}
+		}
 	}
 	// Hand over what is no longer ours; release what is handed over and
 	// done (or past ReleaseTimeout).
 	var unlock []tagKey
 	var released []*groupTerm
-	var resigned string
+	var resigned []string
 	for k, t := range g.owned {
 		if !mine[k] {
 			g.release(t, leader.ErrResigned)
@@ -554,7 +692,11 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 			unlock = append(unlock, k)
 			released = append(released, t)
 			if h, ok := g.holds[k]; ok && h.member == c.Identity && errors.Is(t.reason, leader.ErrResigned) {
-				resigned = fmt.Sprintf("%s resigned %d.%d.%d", c.Identity, k.c, k.o, k.s)
+				r := fmt.Sprintf("%s resigned %d.%d.%d", c.Identity, k.c, k.o, k.s)
+				if heir := heirOf(k, members, c.Identity); heir != "" {
+					r += " to " + heir
+				}
+				resigned = append(resigned, r)
 			}
 		}
 	}
@@ -573,6 +715,9 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	}
 	var want []tagKey
 	for k := range mine {
+		if h, ok := g.holds[k]; ok && h.member == c.Identity {
+			continue // resigned, or returned by itself: not taken back yet
+		}
 		if _, busy := g.ending[k]; !held[k] && !busy {
 			want = append(want, k)
 		}
@@ -585,7 +730,10 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	if ce := g.log.Check(zap.DebugLevel, "exchange"); ce != nil {
 		ce.Write(zap.Int("unlock", len(unlock)), zap.Int("want", len(want)), zap.Int("adopt", len(adopt)), zap.Int("held", len(held)), zap.Strings("members", members))
 	}
-	won, err := g.exchange(rctx, conn, unlock, want, resigned)
+	won, err := g.exchange(rctx, conn, sess, !full, unlock, want, resigned)
+	if err == nil && len(resigned) > 0 {
+		err = g.broadcast(rctx, conn, resigned)
+	}
 	if err == nil {
 		// Released: each one's OnDemoted, now that its lock is free.
 		g.mu.Lock()
@@ -626,22 +774,33 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	return nil
 }
 
+// watchNext points the crash watch at the ring successor, and asks for
+// a round soon while a member reported gone is still listed (g.mu held).
+func (g *Group) watchNext(sent time.Time) {
+	for m, at := range g.gone {
+		switch {
+		case sent.Sub(at) > 100*time.Millisecond:
+			delete(g.gone, m)
+		case slices.Contains(g.members, m):
+			g.soon = true
+		}
+	}
+	if g.ring == nil {
+		return
+	}
+	if next := ringNext(g.members, g.cfg.Identity); next != g.ringLast {
+		g.ringLast = next
+		select {
+		case <-g.ring: // replace a target not yet read
+		default:
+		}
+		g.ring <- next
+	}
+}
+
 // readScan reads the check and the scan.
 func readScan(br pgx.BatchResults, sess lockconn.Session) (map[tagKey]bool, []string, error) {
-	var pid int32
-	var token *string
-	var standby bool
-	if err := br.QueryRow().Scan(&pid, &token, &standby); err != nil {
-		return nil, nil, lockconn.Pooling(err)
-	}
-	if standby {
-		return nil, nil, leader.ErrStandby
-	}
-	tok := ""
-	if token != nil {
-		tok = *token
-	}
-	if err := sess.Same(pid, tok); err != nil {
+	if err := readCheck(br, sess); err != nil {
 		return nil, nil, err
 	}
 	rows, err := br.Query()
@@ -672,29 +831,139 @@ func readScan(br pgx.BatchResults, sess lockconn.Session) (map[tagKey]bool, []st
 	return held, slices.Compact(members), nil
 }
 
-// exchange releases unlock and tries want, in one round trip; it tells the
-// group when it released anything. It returns the keys won.
-func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, unlock, want []tagKey, resigned string) ([]tagKey, error) {
+// heirChannel is the NOTIFY channel of one member: a resign tells the
+// member that gets the key there first.
+func (g *Group) heirChannel(identity string) string {
+	return fmt.Sprintf("%s.%d", g.channel, uint32(memberLock(g.cfg.Group, identity)))
+}
+
+// broadcast tells the whole group of resigns whose heirs were told alone.
+func (g *Group) broadcast(ctx context.Context, conn *pgx.Conn, resigned []string) error {
 	b := &pgx.Batch{}
+	for _, r := range resigned {
+		b.Queue(notifySQL, g.channel, r)
+	}
+	return conn.SendBatch(ctx, b).Close()
+}
+
+// heirOf is the member that gets a key member me resigned: the one that
+// ranks it highest but me, as assign gives a held key.
+func heirOf(k tagKey, members []string, me string) string {
+	best, bestScore := "", uint64(0)
+	for _, name := range members {
+		if name == me {
+			continue
+		}
+		if s := score(k, name); best == "" || s > bestScore {
+			best, bestScore = name, s
+		}
+	}
+	return best
+}
+
+// readCheck reads checkSQL's answer: the session's own backend, with its
+// token, on a primary.
+func readCheck(br pgx.BatchResults, sess lockconn.Session) error {
+	var pid int32
+	var token *string
+	var standby bool
+	if err := br.QueryRow().Scan(&pid, &token, &standby); err != nil {
+		return lockconn.Pooling(err)
+	}
+	if standby {
+		return leader.ErrStandby
+	}
+	tok := ""
+	if token != nil {
+		tok = *token
+	}
+	return sess.Same(pid, tok)
+}
+
+// exchangeGuard makes the exchange's lock calls a no-op on any backend but
+// the session's own, with its token, on a primary ($1 and $2: pid, token):
+// a light round sends its check in the same round trip, so nothing may be
+// locked or unlocked before the check is read.
+const exchangeGuard = `CASE WHEN pg_backend_pid() = $1 AND current_setting('pgleader.owner', true) = $2 AND NOT pg_is_in_recovery() THEN `
+
+// The exchange's statements.
+const (
+	syncOffSQL    = `SELECT set_config('synchronous_commit', 'off', true)`
+	unlockSQL     = `SELECT count(*) FILTER (WHERE ` + exchangeGuard + `pg_advisory_unlock(k) ELSE false END) FROM unnest($3::int8[]) k`
+	unlockPairSQL = `SELECT count(*) FILTER (WHERE ` + exchangeGuard + `pg_advisory_unlock(a, b) ELSE false END) FROM unnest($3::int4[], $4::int4[]) AS u(a, b)`
+	notifySQL     = `SELECT pg_notify($1, $2)`
+	tryLockSQL    = `SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid, 1::int2 FROM unnest($3::int8[]) k WHERE ` + exchangeGuard + `pg_try_advisory_lock(k) ELSE false END
+UNION ALL SELECT (a::int8 & 4294967295)::oid, (b::int8 & 4294967295)::oid, 2::int2 FROM unnest($4::int4[], $5::int4[]) AS u(a, b) WHERE ` + exchangeGuard + `pg_try_advisory_lock(a, b) ELSE false END`
+)
+
+// prepare prepares the statements of a round and an exchange, once per
+// session: a round then costs the server no parse and no plan. The session
+// is dedicated (every round checks its backend pid and token), as a quiet
+// elector's is; the connection's own exec mode stays as the Connector set
+// it for everything else.
+func (g *Group) prepare(ctx context.Context, conn *pgx.Conn) error {
+	for _, q := range []string{checkSQL, scanSQL, syncOffSQL, unlockSQL, unlockPairSQL, notifySQL, tryLockSQL} {
+		if _, err := conn.Prepare(ctx, q, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// exchange releases unlock and tries want, in one round trip; it tells the
+// group when it released anything. It returns the keys won. check sends
+// the session check first, in the same round trip (a light round, which
+// read nothing before).
+func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, check bool, unlock, want []tagKey, resigned []string) ([]tagKey, error) {
+	b := &pgx.Batch{}
+	pid, tok := int32(sess.PID), sess.Token
+	if check {
+		b.Queue(checkSQL)
+	}
+	// The batch is one implicit transaction; its NOTIFY makes it commit a
+	// record, which need not wait for a WAL flush: nothing in it is
+	// durable state (the fencing terms are written apart, durably).
+	b.Queue(syncOffSQL)
+	nNotify := 0
 	if len(unlock) > 0 {
 		i8, pa, pb := split(unlock)
 		payload := "released"
-		if resigned != "" {
-			payload = resigned
+		b.Queue(unlockSQL, pid, tok, i8)
+		b.Queue(unlockPairSQL, pid, tok, pa, pb)
+		before := len(b.QueuedQueries)
+		// Each resigned key's heir first, alone: the others hear of the
+		// resigns (they need them for the same assignment) just after, off
+		// the hand-over's path (see broadcast).
+		others := len(resigned) == 0
+		for _, r := range resigned {
+			if _, to, ok := strings.Cut(r, " to "); ok {
+				b.Queue(notifySQL, g.heirChannel(to), r)
+			}
 		}
-		b.Queue(`SELECT count(*) FILTER (WHERE pg_advisory_unlock(k)) FROM unnest($1::int8[]) k`, i8)
-		b.Queue(`SELECT count(*) FILTER (WHERE pg_advisory_unlock(a, b)) FROM unnest($1::int4[], $2::int4[]) AS u(a, b)`, pa, pb)
-		b.Queue(`SELECT pg_notify($1, $2)`, g.channel, payload)
+		if len(unlock) > len(resigned) {
+			others = true
+		}
+		if others {
+			b.Queue(notifySQL, g.channel, payload)
+		}
+		nNotify = len(b.QueuedQueries) - before
 	}
 	if len(want) > 0 {
 		i8, pa, pb := split(want)
-		b.Queue(`SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid, 1::int2 FROM unnest($1::int8[]) k WHERE pg_try_advisory_lock(k)
-UNION ALL SELECT (a::int8 & 4294967295)::oid, (b::int8 & 4294967295)::oid, 2::int2 FROM unnest($2::int4[], $3::int4[]) AS u(a, b) WHERE pg_try_advisory_lock(a, b)`, i8, pa, pb)
+		b.Queue(tryLockSQL, pid, tok, i8, pa, pb)
 	}
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
+	if check {
+		if err := readCheck(br, sess); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
 	if len(unlock) > 0 {
-		for range 3 {
+		for range 2 + nNotify {
 			if _, err := br.Exec(); err != nil {
 				return nil, err
 			}
@@ -855,88 +1124,121 @@ func (g *Group) demoteAll(err error) {
 	g.trustEnd = time.Time{}
 }
 
-// assign returns the keys the member me leads when members share keys:
-// rendezvous hashing with bounded loads. Every key, taken in the order of
-// its own hash, goes to the member that ranks it highest among those with
-// room left; each member has room for ⌊K/M⌋ keys, the first K mod M
-// members (in name order) for one more. A held key (resigned by a member)
-// goes elsewhere first, past the bound when needed, so that a resign moves
-// one key only.
-func assign(keys map[tagKey]leader.Key, members []string, holds map[tagKey]resignHold, me string) map[tagKey]bool {
-	mine := map[tagKey]bool{}
-	if len(members) == 0 || !slices.Contains(members, me) {
-		return mine
+// keyOrder returns the keys in the order assign takes them: by their own
+// hash, then by lock tag.
+func keyOrder(keys map[tagKey]leader.Key) []tagKey {
+	type hashed struct {
+		k tagKey
+		h uint64
 	}
-	order := make([]tagKey, 0, len(keys))
+	hs := make([]hashed, 0, len(keys))
 	for k := range keys {
-		order = append(order, k)
+		hs = append(hs, hashed{k, keyHash(k)})
 	}
-	sort.Slice(order, func(i, j int) bool {
-		hi, hj := keyHash(order[i]), keyHash(order[j])
-		if hi != hj {
-			return hi < hj
+	sort.Slice(hs, func(i, j int) bool {
+		if hs[i].h != hs[j].h {
+			return hs[i].h < hs[j].h
 		}
-		a, b := order[i], order[j]
+		a, b := hs[i].k, hs[j].k
 		return a.c < b.c || a.c == b.c && (a.o < b.o || a.o == b.o && a.s < b.s)
 	})
+	order := make([]tagKey, len(hs))
+	for i, h := range hs {
+		order[i] = h.k
+	}
+	return order
+}
+
+// assign gives each key in order (see keyOrder) to one of members, and
+// returns, per key, the index of its member (-1 with no members):
+// rendezvous hashing with bounded loads. Every key, in that order, goes to
+// the member that ranks it highest among those with room left; each member
+// has room for ⌊K/M⌋ keys, the first K mod M members (in name order) for
+// one more. A held key (resigned by a member) goes elsewhere first, past
+// the bound when needed, and counts against the member that resigned it,
+// so that a resign moves that key only.
+func assign(order []tagKey, members []string, holds map[tagKey]resignHold) []int {
+	owner := make([]int, len(order))
 	m := len(members)
-	room := make(map[string]int, m)
-	for i, name := range members {
-		room[name] = len(keys) / m
-		if i < len(keys)%m {
-			room[name]++
+	if m == 0 {
+		for i := range owner {
+			owner[i] = -1
+		}
+		return owner
+	}
+	room := make([]int, m)
+	for i := range room {
+		room[i] = len(order) / m
+		if i < len(order)%m {
+			room[i]++
 		}
 	}
-	pick := func(k tagKey, avoid string, bounded bool) {
-		best, bestScore := "", uint64(0)
-		for _, name := range members {
-			if name == avoid || bounded && room[name] <= 0 {
+	pick := func(k tagKey, avoid int, bounded bool) int {
+		best, bestScore := -1, uint64(0)
+		for i, name := range members {
+			if i == avoid || bounded && room[i] <= 0 {
 				continue
 			}
-			if s := score(k, name); best == "" || s > bestScore {
-				best, bestScore = name, s
+			if s := score(k, name); best < 0 || s > bestScore {
+				best, bestScore = i, s
 			}
 		}
-		if best == "" {
-			return
+		if best >= 0 {
+			if avoid >= 0 {
+				room[avoid]--
+			} else {
+				room[best]--
+			}
 		}
-		if avoid != "" {
-			// A resigned key counts against the member that resigned it,
-			// so that no other key moves to make up for it.
-			room[avoid]--
-		} else {
-			room[best]--
-		}
-		if best == me {
-			mine[k] = true
-		}
+		return best
 	}
-	var rest []tagKey
-	for _, k := range order {
-		if h, ok := holds[k]; ok && m > 1 && slices.Contains(members, h.member) {
-			pick(k, h.member, false)
-			continue
+	var rest []int
+	for i, k := range order {
+		if h, ok := holds[k]; ok && m > 1 {
+			if a := slices.Index(members, h.member); a >= 0 {
+				owner[i] = pick(k, a, false)
+				continue
+			}
 		}
-		rest = append(rest, k)
+		rest = append(rest, i)
 	}
-	for _, k := range rest {
-		pick(k, "", true)
+	for _, i := range rest {
+		owner[i] = pick(order[i], -1, true)
 	}
-	return mine
+	return owner
 }
 
-func keyHash(k tagKey) uint64 {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d.%d.%d", k.c, k.o, k.s)
-	return h.Sum64()
+// FNV-1a, 64 bits, over a key's lock tag and a member's name: the same in
+// every process and every version of this package (the assignment depends
+// on it, so members must agree).
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func fnvTag(h uint64, k tagKey) uint64 {
+	for _, v := range [...]uint32{k.c, k.o, uint32(uint16(k.s))} {
+		for i := 0; i < 32; i += 8 {
+			h = (h ^ uint64(byte(v>>i))) * fnvPrime
+		}
+	}
+	return h
 }
+
+func keyHash(k tagKey) uint64 { return mix(fnvTag(fnvOffset, k)) }
 
 func score(k tagKey, member string) uint64 {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d.%d.%d|%s", k.c, k.o, k.s, member)
-	// fnv's low bits mix poorly for similar inputs: finish with a
-	// multiply-xorshift.
-	x := h.Sum64()
+	h := fnvTag(fnvOffset, k)
+	h = (h ^ '|') * fnvPrime
+	for i := 0; i < len(member); i++ {
+		h = (h ^ uint64(member[i])) * fnvPrime
+	}
+	return mix(h)
+}
+
+// mix finishes a hash with a multiply-xorshift: fnv's low bits mix poorly
+// for similar inputs.
+func mix(x uint64) uint64 {
 	x ^= x >> 33
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33

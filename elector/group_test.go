@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
@@ -97,12 +100,19 @@ type member struct {
 
 func startMember(t *testing.T, dsn, group, id string, keys []leader.Key, w *groupWatch) *member {
 	t.Helper()
-	g, err := elector.NewGroup(elector.GroupConfig{
+	return runMember(t, elector.GroupConfig{
 		Connect: elector.DSN(dsn), Group: group, Keys: keys, Identity: id,
 		Callbacks:     w.callbacks(id),
 		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
 		Logger: testLogger(t, nil),
 	})
+}
+
+// runMember runs a member with cfg until the test ends (or stop).
+func runMember(t *testing.T, cfg elector.GroupConfig) *member {
+	t.Helper()
+	id := cfg.Identity
+	g, err := elector.NewGroup(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,4 +375,53 @@ func TestGroupSilentMember(t *testing.T) {
 	}
 	p.Heal()
 	balanced(t, w, 12, 6, 6, "sa", "sb")
+}
+
+// A member that dies is noticed at once, not at the survivors' next round:
+// the crash watch of the member before it in the ring waits on its member
+// lock and tells the group. The rounds here are 3 s apart, so a takeover
+// well inside one interval can only come from the watch.
+func TestGroupCrashWatch(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 30)
+	slow := func(id string, connect elector.Connector) elector.GroupConfig {
+		return elector.GroupConfig{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+			RenewInterval: 3 * time.Second, RenewDeadline: 6 * time.Second, LeaseDuration: 10 * time.Second, Logger: testLogger(t, nil)}
+	}
+	runMember(t, slow("w1", elector.DSN(srv.DSN())))
+	runMember(t, slow("w2", elector.DSN(srv.DSN())))
+	// w3 connects twice (its session and its watch), then never again: it
+	// stays dead once killed.
+	var conns atomic.Int32
+	runMember(t, slow("w3", elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+		if conns.Add(1) > 2 {
+			return nil, errors.New("this member stays down")
+		}
+		return srv.Connect(ctx)
+	})))
+	balanced(t, w, 30, 10, 10, "w1", "w2", "w3")
+	// Let every watch settle on its target (a round after the last join).
+	eventually(t, "every watch waiting", func() (bool, string) {
+		var n int
+		conn := mustConn(t, srv)
+		defer conn.Close(context.Background())
+		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock'`).Scan(&n)
+		return err == nil && n == 3, fmt.Sprint(n, err)
+	})
+	w.mu.Lock()
+	w.faulted["w3"] = true
+	w.mu.Unlock()
+	conn := mustConn(t, srv)
+	defer conn.Close(context.Background())
+	killed := time.Now()
+	if _, err := conn.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'w3'"); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, 30, 15, 15, "w1", "w2")
+	took := time.Since(killed)
+	t.Logf("every key of the killed member led again %s after the kill (rounds every 3s)", took)
+	if took > 2*time.Second {
+		t.Fatalf("takeover took %s: the crash watch did not wake the survivors", took)
+	}
 }

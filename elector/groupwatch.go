@@ -1,0 +1,169 @@
+package elector
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// The crash watch. A member that dies (SIGKILL, OOM, a crashed node whose
+// kernel still closes the socket) loses its locks at once: the server ends
+// its backend when the socket closes. The survivors would see that at
+// their next round, up to RenewInterval later. To see it at once, each
+// member holds a member lock of its own (exclusive, on its main session,
+// in HeirClass's space, named after the group and its identity), and a
+// second connection, the watch, queues in share mode on the member lock of
+// the next member in name order (a ring: each member is watched by one
+// other). The watched member's death grants the wait; the watch then
+// NOTIFYs the group, and every member runs a round at once.
+//
+// The watch is quiet like a follower: its wait runs inside a session
+// function whose exception block catches lock_timeout (no server log line),
+// and each wait is shorter than deadlock_timeout (no deadlock detector
+// run). It holds nothing when it returns: a wait that was granted, or that
+// timed out at the instant of the grant, ends with pg_advisory_unlock_all()
+// on a session that holds no other lock. The watch takes no part in
+// safety: the keys are taken, as always, by try-locks on the main
+// session after a round that read the roster; a watch that fails only
+// delays detection to the next round, and is retried.
+
+// memberLock is the second half of the member lock of identity in group.
+func memberLock(group, identity string) int32 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "member|%s|%s", group, identity)
+	return int32(h.Sum32())
+}
+
+// ringFunc is the watch's session function: it waits up to wait_ms for the
+// member lock (a, b) in share mode, reports whether its holder is gone,
+// tells the group so, and holds nothing when it returns. NULL on a standby
+// (which cannot NOTIFY).
+const ringFunc = `CREATE OR REPLACE FUNCTION pg_temp.pgleader_ring(a int4, b int4, wait_ms int, chan text, who text) RETURNS bool
+LANGUAGE plpgsql AS $f$
+DECLARE
+  gone bool;
+BEGIN
+  IF pg_is_in_recovery() THEN
+    RETURN NULL;
+  END IF;
+  BEGIN
+    PERFORM set_config('lock_timeout', wait_ms::text, true);
+    PERFORM pg_advisory_lock_shared(a, b);
+  EXCEPTION WHEN lock_not_available THEN
+  END;
+  gone := pg_try_advisory_lock_shared(a, b);
+  PERFORM pg_advisory_unlock_all();
+  IF gone THEN
+    PERFORM pg_notify(chan, 'gone ' || who);
+  END IF;
+  RETURN gone;
+END $f$`
+
+// ringNext returns the member after me in name order ("" when alone or
+// not listed).
+func ringNext(members []string, me string) string {
+	i := slices.Index(members, me)
+	if i < 0 || len(members) < 2 {
+		return ""
+	}
+	return members[(i+1)%len(members)]
+}
+
+// watchRing runs the crash watch until ctx ends: it follows the member
+// targets sends (the ring successor after each round).
+func (g *Group) watchRing(ctx context.Context, targets <-chan string) {
+	c := g.cfg
+	r := newRetry(c.ReconnectMaxDelay, c.RenewInterval, c.LeaseDuration)
+	target := ""
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := g.watchSession(ctx, targets, &target)
+		if ctx.Err() != nil {
+			return
+		}
+		attempt, delay := r.next(time.Since(began), err)
+		delay = max(delay, c.RenewInterval)
+		g.log.Debug("crash watch: reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// watchSession is one connection's life of the crash watch.
+func (g *Group) watchSession(ctx context.Context, targets <-chan string, target *string) error {
+	c := g.cfg
+	cctx, cancel := context.WithTimeout(ctx, c.LeaseDuration)
+	defer cancel()
+	conn, err := c.Connect.Connect(cctx)
+	if err != nil {
+		return err
+	}
+	defer lockconn.Close(conn)
+	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration, KeepIdle: c.RenewDeadline})
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(cctx, ringFunc, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return err
+	}
+	cancel()
+	wait := c.RenewDeadline
+	if sess.DeadlockTimeout > 0 {
+		wait = min(wait, sess.DeadlockTimeout*4/5)
+	}
+	wait = max(wait, time.Millisecond)
+	for {
+		// Follow the latest target; with none, wait for one.
+		for drained := false; !drained; {
+			select {
+			case t := <-targets:
+				*target = t
+			case <-ctx.Done():
+				return nil
+			default:
+				drained = true
+			}
+		}
+		if *target == "" {
+			select {
+			case t := <-targets:
+				*target = t
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		// A wait is never cancelled (the server would log the cancel):
+		// it ends by itself within wait; the client-side deadline only
+		// catches a silent network.
+		wctx, cancel := context.WithTimeout(context.Background(), wait+c.RenewDeadline)
+		var gone *bool
+		err := conn.QueryRow(wctx, `SELECT pg_temp.pgleader_ring($1, $2, $3, $4, $5)`,
+			lockconn.HeirClass, memberLock(c.Group, *target), int32(max(1, wait.Milliseconds())), g.channel, *target).Scan(&gone)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if gone == nil {
+			return fmt.Errorf("crash watch: %w", leader.ErrStandby)
+		}
+		if *gone {
+			g.log.Debug("crash watch: a member is gone", zap.String("member", *target))
+			// Watch it again only once a round named the next target.
+			*target = ""
+		}
+	}
+}
