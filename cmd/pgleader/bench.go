@@ -61,7 +61,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
   pgleader bench --scenarios resign,kill --runs 100
   pgleader bench --dsn "$DATABASE_URL" --scenarios resign,kill,backend --json
 Scenarios: resign kill backend partition pause restart crowd freshness idle
-dbload (not in the default list: it takes minutes). partition,
+dbload and group (not in the default list: they take minutes). partition,
 pause and idle put a TCP proxy in front of the server; restart needs the
 throwaway server.
 `, stderr)
@@ -76,6 +76,10 @@ throwaway server.
 	loadWindow := fs.Duration("dbload-window", 20*time.Second, "how long dbload measures each fleet's server CPU and log lines")
 	loadPairs := fs.Int("dbload-pairs", 5, "alternated pgbench pairs (without, with the fleet) per fleet size")
 	loadLeaders := fs.Int("dbload-leaders", 200, "leaders, each on a key of its own, for dbload's renew cost (0: skip)")
+	groupKeys := fs.Int("group-keys", 1000, "keys of the group scenario's kill, join and resign runs (3 members)")
+	groupRuns := fs.Int("group-runs", 10, "kill-and-join runs of the group scenario (and three times as many resigns)")
+	groupStanding := fs.Int("group-standing", 10000, "keys of the group scenario's standing cost (3 members; 0: skip)")
+	groupWindow := fs.Duration("group-window", time.Minute, "how long the group scenario measures the standing group's server CPU")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -93,7 +97,15 @@ throwaway server.
 		sizes = append(sizes, n)
 	}
 	maxConns := max(*crowd, slices.Max(sizes), *loadLeaders) + 40
-	return withDatabase(*dsn, progress, pgtemp.Options{MaxConnections: maxConns}, func(dsn string, srv *pgtemp.Server) error {
+	opts := pgtemp.Options{MaxConnections: maxConns}
+	if strings.Contains(*scen, "group") {
+		// The lock table must hold the standing group's keys twice over
+		// (see elector.LockTableError): max_locks_per_transaction ×
+		// max_connections.
+		perTx := max(64, (4**groupStanding+maxConns-1)/maxConns)
+		opts.Settings = append(opts.Settings, fmt.Sprintf("max_locks_per_transaction=%d", perTx))
+	}
+	return withDatabase(*dsn, progress, opts, func(dsn string, srv *pgtemp.Server) error {
 		ctx := context.Background()
 		admin, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -125,6 +137,8 @@ throwaway server.
 				err = b.freshness(*crowd, *crowdRuns)
 			case "dbload":
 				err = b.dbload(sizes, *loadLeaders, *loadWindow, *loadPairs)
+			case "group":
+				err = b.group(*groupKeys, *groupRuns, *groupStanding, *groupWindow)
 			default:
 				return usageError{fmt.Sprintf("unknown scenario %q", s)}
 			}

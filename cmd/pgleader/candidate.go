@@ -22,6 +22,8 @@ func cmdCandidate(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.Lease, "lease", 0, "lease")
 	fs.BoolVar(&o.Fencing, "fencing", false, "fencing terms")
 	fs.BoolVar(&o.Renews, "renews", false, "report every renew")
+	fs.IntVar(&o.Keys, "keys", 0, "run a group member with this many keys (the group is named by --key)")
+	fs.BoolVar(&o.SingleConnection, "single-connection", false, "a group member without its crash watch")
 	fs.BoolVar(&o.Bare, "bare", false, "no elector: a bare pg_advisory_lock waiter (the bench's reference)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -44,6 +44,10 @@ type Options struct {
 	// pg_advisory_lock, reports "elected" when it returns, and unlocks on
 	// "resign". The bench's reference for the speed of a lock grant.
 	Bare bool
+	// Keys > 0 runs a member of the elector.Group named Key, with Keys
+	// keys (see GroupKeys); SingleConnection turns its crash watch off.
+	Keys             int
+	SingleConnection bool
 }
 
 // Args renders o as the candidate subcommand's arguments.
@@ -61,6 +65,12 @@ func (o Options) Args() []string {
 	if o.Bare {
 		a = append(a, "--bare")
 	}
+	if o.Keys > 0 {
+		a = append(a, "--keys", strconv.Itoa(o.Keys))
+	}
+	if o.SingleConnection {
+		a = append(a, "--single-connection")
+	}
 	return a
 }
 
@@ -70,6 +80,9 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 	em := NewEmitter(out)
 	if o.Bare {
 		return runBare(ctx, o, in, em)
+	}
+	if o.Keys > 0 {
+		return runGroupMember(ctx, o, in, em)
 	}
 	cfg := elector.Config{
 		Connect:  elector.DSN(o.DSN),

@@ -1,0 +1,85 @@
+package fleet
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/proc"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// GroupKeys returns the keys of a group member's Options: Keys names
+// "<Key>/0" to "<Key>/<Keys-1>".
+func GroupKeys(o Options) []leader.Key {
+	keys := make([]leader.Key, o.Keys)
+	for i := range keys {
+		keys[i] = leader.KeyFromName(GroupKeyName(o.Key, i))
+	}
+	return keys
+}
+
+// GroupKeyName is the name of a group's i-th key.
+func GroupKeyName(group string, i int) string { return fmt.Sprintf("%s/%d", group, i) }
+
+// runGroupMember runs one member of the group o.Key (Options.Keys > 0).
+// Per key it reports "elected", "returned" (OnElected returned) and
+// "demoted", with the key's name in Data; "resign" resigns one key it
+// leads, after a "resigning" event.
+func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) error {
+	g, err := elector.NewGroup(elector.GroupConfig{
+		Connect:  elector.DSN(o.DSN),
+		Group:    o.Key,
+		Keys:     GroupKeys(o),
+		Identity: o.ID,
+		Callbacks: elector.Callbacks{
+			OnElected: func(ctx context.Context, l leader.Leadership) {
+				em.Emit(Event{Ev: "elected", Identity: o.ID, Term: l.Term, Data: l.Key.Name()})
+				<-ctx.Done()
+				em.Emit(Event{Ev: "returned", Identity: o.ID, Term: l.Term, Data: l.Key.Name()})
+			},
+			OnDemoted: func(l leader.Leadership, reason error) {
+				em.Emit(Event{Ev: "demoted", Identity: o.ID, Term: l.Term, Data: l.Key.Name(), Err: leader.ReasonLabel(reason)})
+			},
+		},
+		RenewInterval: o.Interval, RenewDeadline: o.Deadline, LeaseDuration: o.Lease,
+		Fencing:          elector.Fencing{Enabled: o.Fencing},
+		SingleConnection: o.SingleConnection,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	em.Emit(Event{Ev: "started", Identity: o.ID, Data: strconv.Itoa(os.Getpid())})
+	go func() {
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			switch sc.Text() {
+			case "resign":
+				if owned := g.Owned(); len(owned) > 0 {
+					em.Emit(Event{Ev: "resigning", Identity: o.ID, Data: owned[0].Name()})
+					go g.Resign(ctx, owned[0])
+				}
+			case "exit":
+				cancel()
+				return
+			case "stats":
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d", ms.HeapAlloc, proc.CPUTime())})
+			}
+		}
+		cancel()
+	}()
+	err = <-done
+	em.Emit(Event{Ev: "exited", Identity: o.ID, Err: fmt.Sprint(err)})
+	return err
+}
