@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"slices"
 	"sort"
@@ -152,6 +151,8 @@ type Group struct {
 	ringLast string
 	gone     map[string]time.Time
 	soon     bool // run the next round within a few milliseconds
+
+	stats groupStats
 }
 
 // tagKey is a key as pg_locks shows it.
@@ -197,13 +198,12 @@ func NewGroup(cfg GroupConfig) (*Group, error) {
 	if cfg.Group == "" || len(cfg.Group) > 200 {
 		return nil, &ConfigError{Field: "Group", Rule: "must be 1 to 200 bytes"}
 	}
-	g := &Group{cfg: cfg, wake: make(chan struct{}, 1), owned: map[tagKey]*groupTerm{}, ending: map[tagKey]*groupTerm{}, holds: map[tagKey]resignHold{}, gone: map[string]time.Time{}, gifts: map[tagKey]bool{}}
+	g := &Group{cfg: cfg, wake: make(chan struct{}, 1), owned: map[tagKey]*groupTerm{}, ending: map[tagKey]*groupTerm{}, holds: map[tagKey]resignHold{}, gone: map[string]time.Time{}, gifts: map[tagKey]bool{},
+		stats: groupStats{demoted: map[string]int64{}}}
 	if err := g.setKeys(cfg.Keys); err != nil {
 		return nil, err
 	}
-	h := fnv.New32a()
-	fmt.Fprintf(h, "group|%s", cfg.Group)
-	g.roster = int32(h.Sum32())
+	g.roster = rosterObj(cfg.Group)
 	g.channel = fmt.Sprintf("pgleader.group.%d", uint32(g.roster))
 	g.log = cfg.Logger.With(zap.String("group", cfg.Group), zap.String("identity", cfg.Identity))
 	if cfg.Fencing.Enabled {
@@ -331,6 +331,12 @@ func (g *Group) Run(ctx context.Context) error {
 	for {
 		began := time.Now()
 		err := g.session(ctx)
+		g.mu.Lock()
+		g.stats.connected, g.stats.lastStep = false, time.Now()
+		if err != nil {
+			g.stats.lastErr = err.Error()
+		}
+		g.mu.Unlock()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -398,6 +404,9 @@ func (g *Group) session(ctx context.Context) (err error) {
 		return err
 	}
 	g.log.Info("joined")
+	g.mu.Lock()
+	g.stats.connected = true
+	g.mu.Unlock()
 	if !c.SingleConnection {
 		wctx, stop := context.WithCancel(ctx)
 		ring := make(chan string, 1)
@@ -596,6 +605,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 		b := &pgx.Batch{}
 		b.Queue(checkSQL)
 		b.Queue(scanSQL, uint32(g.roster))
+		b.Queue(g.marker())
 		br := conn.SendBatch(rctx, b)
 		var err error
 		held, members, err = readScan(br, sess)
@@ -609,7 +619,10 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	}
 
 	g.mu.Lock()
+	g.stats.lastStep = time.Now()
 	if full {
+		g.stats.rounds++
+		g.stats.lastRound, g.stats.lastErr = sent, ""
 		g.members = members
 		g.trustEnd = sent.Add(c.RenewDeadline)
 		g.watchNext(sent)
@@ -622,6 +635,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	} else {
 		// A light round proves no lock: it goes by what this member
 		// holds, and does not extend the trust window.
+		g.stats.light++
 		members = g.members
 		for k := range g.owned {
 			held[k] = true
@@ -843,6 +857,7 @@ func (g *Group) broadcast(ctx context.Context, conn *pgx.Conn, resigned []string
 	for _, r := range resigned {
 		b.Queue(notifySQL, g.channel, r)
 	}
+	b.Queue(g.marker())
 	return conn.SendBatch(ctx, b).Close()
 }
 
@@ -952,6 +967,7 @@ func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Sess
 		i8, pa, pb := split(want)
 		b.Queue(tryLockSQL, pid, tok, i8, pa, pb)
 	}
+	b.Queue(g.marker())
 	br := conn.SendBatch(ctx, b)
 	defer br.Close()
 	if check {
@@ -1068,6 +1084,7 @@ func (g *Group) begin(key leader.Key, pid uint32, term int64) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	t := &groupTerm{l: l, cancel: cancel, done: make(chan struct{}), demoted: make(chan struct{})}
 	g.owned[tagOf(key)] = t
+	g.stats.elected++
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
@@ -1086,6 +1103,7 @@ func (g *Group) end(k tagKey, t *groupTerm, reason error) {
 	g.log.Debug("demoted", zap.Stringer("key", t.l.Key), zap.NamedError("reason", reason))
 	delete(g.owned, k)
 	g.ending[k] = t
+	g.stats.demoted[leader.ReasonLabel(reason)]++
 	t.cancel(reason)
 	g.wg.Add(1)
 	go func() {

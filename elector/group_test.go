@@ -425,3 +425,45 @@ func TestGroupCrashWatch(t *testing.T) {
 		t.Fatalf("takeover took %s: the crash watch did not wake the survivors", took)
 	}
 }
+
+// Status counts what happened, and every member's session names its
+// group in pg_stat_activity (the marker), whatever the name holds.
+func TestGroupStatus(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	name := t.Name() + ` it's "odd" */ --`
+	keys := groupKeys(t.Name(), 8)
+	a := startMember(t, srv.DSN(), name, "st-a", keys, w)
+	startMember(t, srv.DSN(), name, "st-b", keys, w)
+	balanced(t, w, 8, 4, 4, "st-a", "st-b")
+	eventually(t, "a full round that saw both members", func() (bool, string) {
+		st := a.g.Status()
+		return len(st.Members) == 2 && st.Owned == 4, fmt.Sprintf("%+v", st)
+	})
+	st := a.g.Status()
+	if st.Group != name || st.Identity != "st-a" || st.Keys != 8 || !st.Connected || st.Rounds == 0 || st.Elected < 4 ||
+		st.LastRound.IsZero() || st.LastStep.Before(st.LastRound) || st.RenewInterval != 100*time.Millisecond {
+		t.Fatalf("status %+v", st)
+	}
+	conn := mustConn(t, srv)
+	defer conn.Close(context.Background())
+	class, obj := elector.GroupRoster(name)
+	eventually(t, "both members' sessions show the marker", func() (bool, string) {
+		rows, err := conn.Query(context.Background(), `SELECT a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted`, class, obj)
+		if err != nil {
+			return false, err.Error()
+		}
+		qs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(qs) != 2 {
+			return false, fmt.Sprint(qs, err)
+		}
+		for _, q := range qs {
+			g, k, ok := elector.ParseGroupMarker(q)
+			if !ok || g != name || k != 8 {
+				return false, q
+			}
+		}
+		return true, ""
+	})
+}

@@ -2,6 +2,7 @@ package promleader_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -182,5 +183,61 @@ func TestMetrics(t *testing.T) {
 	}
 	if _, err := promleader.NewMetrics(reg); err == nil {
 		t.Fatal("registering twice succeeded")
+	}
+}
+
+// A group's metrics come from its Status at each scrape: a few series,
+// whatever its number of keys.
+func TestGroupCollector(t *testing.T) {
+	s := server(t)
+	var keys []leader.Key
+	for i := range 6 {
+		keys = append(keys, leader.KeyFromName(fmt.Sprintf("group-metrics/%d", i)))
+	}
+	start := func(id string) *elector.Group {
+		g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(s.DSN()), Group: "group-metrics", Keys: keys, Identity: id,
+			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return g
+	}
+	a := start("gm-a")
+	start("gm-b")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(promleader.NewGroupCollector(a))
+	gl := map[string]string{"group": "group-metrics"}
+	deadline := time.Now().Add(waitLong)
+	for metricValue(t, reg, "pgleader_group_keys_owned", gl) != 3 || metricValue(t, reg, "pgleader_group_members", gl) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("owned %v, members %v", metricValue(t, reg, "pgleader_group_keys_owned", gl), metricValue(t, reg, "pgleader_group_members", gl))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if v := metricValue(t, reg, "pgleader_group_keys", gl); v != 6 {
+		t.Fatalf("keys %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_group_connected", gl); v != 1 {
+		t.Fatalf("connected %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_group_elections_total", gl); v < 3 {
+		t.Fatalf("elections %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_group_rounds_total", map[string]string{"group": "group-metrics", "kind": "full"}); v < 1 {
+		t.Fatalf("full rounds %v", v)
+	}
+	if err := a.Resign(context.Background(), a.Owned()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if v := metricValue(t, reg, "pgleader_group_demotions_total", map[string]string{"group": "group-metrics", "reason": "resigned"}); v != 1 {
+		t.Fatalf("demotions{resigned} %v", v)
+	}
+	if v := metricValue(t, reg, "pgleader_group_demotions_total", map[string]string{"group": "group-metrics", "reason": "lock_lost"}); v != 0 {
+		t.Fatalf("demotions{lock_lost} %v", v)
 	}
 }

@@ -1,0 +1,131 @@
+package elector
+
+import (
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// GroupStatus is a snapshot of a Group's state, for probes, metrics and
+// status pages.
+type GroupStatus struct {
+	// Group and Identity are the group's name and this member's.
+	Group, Identity string
+	// Members are the group's members as the last full round saw them.
+	Members []string
+	// Keys is the size of the key set; Owned how many of them this member
+	// leads now (0 once the trust window has passed).
+	Keys, Owned int
+	// Tenures counts the keys whose tenure is open, trusted or not (a
+	// member that believes it leads them; a liveness probe compares it with
+	// LastRound).
+	Tenures int
+	// Connected reports whether the member has a working session.
+	Connected bool
+	// LastRound is when the last full round (every key proven, the
+	// members read) was sent; LastStep when the loop last finished any
+	// step: a round, a light round, or a connection attempt. Liveness
+	// probes watch them.
+	LastRound, LastStep time.Time
+	// LastError is the last session error ("" when none since the last
+	// full round).
+	LastError string
+	// Rounds and LightRounds count the rounds of this process's life.
+	Rounds, LightRounds int64
+	// Elected counts tenures begun; Demoted counts tenures ended, by
+	// leader.ReasonLabel.
+	Elected int64
+	Demoted map[string]int64
+	// RenewInterval, RenewDeadline, LeaseDuration and ReleaseTimeout are
+	// the group's settings, for probes.
+	RenewInterval, RenewDeadline, LeaseDuration, ReleaseTimeout time.Duration
+}
+
+// groupStats are the Group's counters (g.mu held).
+type groupStats struct {
+	connected           bool
+	lastRound, lastStep time.Time
+	lastErr             string
+	rounds, light       int64
+	elected             int64
+	demoted             map[string]int64
+}
+
+// Status returns a snapshot of the group's state.
+func (g *Group) Status() GroupStatus {
+	owned := len(g.Owned())
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := GroupStatus{Group: g.cfg.Group, Identity: g.cfg.Identity, Members: append([]string(nil), g.members...),
+		Keys: len(g.keys), Owned: owned, Tenures: len(g.owned), Connected: g.stats.connected, LastRound: g.stats.lastRound, LastStep: g.stats.lastStep,
+		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, Elected: g.stats.elected,
+		Demoted:       map[string]int64{},
+		RenewInterval: g.cfg.RenewInterval, RenewDeadline: g.cfg.RenewDeadline, LeaseDuration: g.cfg.LeaseDuration, ReleaseTimeout: g.cfg.ReleaseTimeout}
+	for _, r := range leader.ReasonLabels {
+		st.Demoted[r] = g.stats.demoted[r]
+	}
+	return st
+}
+
+// The marker. Every batch a member sends ends with a statement that names
+// its group and the size of its key set, so that pg_stat_activity.query
+// (the last statement of an idle backend) tells a DBA, and pgleader status,
+// what the session is: `SELECT 'pgleader group v1 <name in hex> <keys>'`.
+// The name is in hex so that no name can change the statement.
+const markerPrefix = "pgleader group v1 "
+
+func groupMarker(group string, keys int) string {
+	return "SELECT '" + markerPrefix + hex.EncodeToString([]byte(group)) + " " + strconv.Itoa(keys) + "'"
+}
+
+// ParseGroupMarker reads a group member's pg_stat_activity.query: the
+// group's name and its key count, and whether query is a marker at all.
+func ParseGroupMarker(query string) (group string, keys int, ok bool) {
+	rest, found := strings.CutPrefix(query, "SELECT '"+markerPrefix)
+	if !found {
+		return "", 0, false
+	}
+	rest, found = strings.CutSuffix(rest, "'")
+	if !found {
+		return "", 0, false
+	}
+	h, n, found := strings.Cut(rest, " ")
+	if !found {
+		return "", 0, false
+	}
+	name, err := hex.DecodeString(h)
+	if err != nil {
+		return "", 0, false
+	}
+	k, err := strconv.Atoi(n)
+	if err != nil || k < 0 {
+		return "", 0, false
+	}
+	return string(name), k, true
+}
+
+// GroupRoster returns the lock a group's members hold in share mode, as
+// pg_locks shows it (classid, objid, objsubid 2): pgleader status lists a
+// group's members with it.
+func GroupRoster(group string) (classid, objid uint32) {
+	return uint32(lockconn.HeirClass), uint32(rosterObj(group))
+}
+
+// rosterObj is the second half of a group's roster lock.
+func rosterObj(group string) int32 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "group|%s", group)
+	return int32(h.Sum32())
+}
+
+func (g *Group) marker() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return groupMarker(g.cfg.Group, len(g.keys))
+}

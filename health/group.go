@@ -1,0 +1,161 @@
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// GroupChecker answers liveness and readiness for one elector.Group, with
+// the same rules as Checker: a member that believes it leads keys but whose
+// last full round is older than RenewDeadline plus Tolerance is wedged; a
+// loop that has not finished a step for StallTimeout is stuck; anything
+// else is alive, a member without keys included. Readiness always
+// succeeds, or with LeaderOnly only while the member leads at least one
+// key (the same rollout caveat as Checker's applies).
+type GroupChecker struct {
+	g    *elector.Group
+	opts Options
+	now  func() time.Time
+}
+
+// NewGroupChecker returns a GroupChecker for g.
+func NewGroupChecker(g *elector.Group, opts Options) *GroupChecker {
+	st := g.Status()
+	if opts.Tolerance == 0 {
+		opts.Tolerance = st.RenewInterval + time.Second
+	}
+	if opts.StallTimeout == 0 {
+		opts.StallTimeout = 2*st.LeaseDuration + st.ReleaseTimeout
+	}
+	if opts.Name == "" {
+		opts.Name = "pgleader-group"
+	}
+	return &GroupChecker{g: g, opts: opts, now: time.Now}
+}
+
+// Live returns nil when the member is alive, and an error wrapping
+// ErrNotLive that says why not.
+func (c *GroupChecker) Live() error { return c.live(c.g.Status()) }
+
+func (c *GroupChecker) live(st elector.GroupStatus) error {
+	now := c.now()
+	if st.Tenures > 0 && !st.LastRound.IsZero() {
+		if since := now.Sub(st.LastRound); since > st.RenewDeadline+c.opts.Tolerance {
+			return fmt.Errorf("%w: believes it leads %d keys of group %s, but no round has succeeded for %s (trust window %s)",
+				ErrNotLive, st.Tenures, st.Group, since.Round(time.Millisecond), st.RenewDeadline)
+		}
+	}
+	if !st.LastStep.IsZero() {
+		if since := now.Sub(st.LastStep); since > c.opts.StallTimeout {
+			return fmt.Errorf("%w: the group's loop has not finished a step for %s (stall timeout %s)",
+				ErrNotLive, since.Round(time.Millisecond), c.opts.StallTimeout)
+		}
+	}
+	return nil
+}
+
+// Ready returns nil when the member should receive traffic: always, or
+// with LeaderOnly only while it leads a key.
+func (c *GroupChecker) Ready() error {
+	if !c.opts.LeaderOnly || len(c.g.Owned()) > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: leads no key of the group", ErrNotReady)
+}
+
+// GroupStatusJSON is the JSON document GroupChecker's StatusHandler serves.
+type GroupStatusJSON struct {
+	Group       string           `json:"group"`
+	Identity    string           `json:"identity"`
+	Members     []string         `json:"members"`
+	Keys        int              `json:"keys"`
+	Owned       int              `json:"owned"`
+	Connected   bool             `json:"connected"`
+	LastRound   *time.Time       `json:"last_round"`
+	LastError   string           `json:"last_error"`
+	Rounds      int64            `json:"rounds"`
+	LightRounds int64            `json:"light_rounds"`
+	Elected     int64            `json:"elected"`
+	Demoted     map[string]int64 `json:"demoted"`
+	Live        bool             `json:"live"`
+	Ready       bool             `json:"ready"`
+}
+
+// Snapshot returns the state in GroupStatusJSON's shape.
+func (c *GroupChecker) Snapshot() GroupStatusJSON {
+	st := c.g.Status()
+	var last *time.Time
+	if !st.LastRound.IsZero() {
+		last = &st.LastRound
+	}
+	members := st.Members
+	if members == nil {
+		members = []string{}
+	}
+	return GroupStatusJSON{Group: st.Group, Identity: st.Identity, Members: members, Keys: st.Keys, Owned: st.Owned,
+		Connected: st.Connected, LastRound: last, LastError: st.LastError, Rounds: st.Rounds, LightRounds: st.LightRounds,
+		Elected: st.Elected, Demoted: st.Demoted, Live: c.live(st) == nil, Ready: c.Ready() == nil}
+}
+
+// Handler serves /livez, /readyz and /status, and with AllowResign
+// POST /resign?key=NAME (Group.Resign of the key named NAME).
+func (c *GroupChecker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/livez", probeHandler(c.Live))
+	mux.Handle("/readyz", probeHandler(c.Ready))
+	mux.Handle("/status", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		json.NewEncoder(w).Encode(c.Snapshot())
+	}))
+	if c.opts.AllowResign {
+		mux.Handle("/resign", c.ResignHandler())
+	}
+	return mux
+}
+
+// ResignHandler hands the key named by the query parameter key over, on
+// POST: 200 "resigned" once its OnDemoted ran, 409 when this member does
+// not lead it, 400 without a key, 405 for other methods.
+func (c *GroupChecker) ResignHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "use POST", http.StatusMethodNotAllowed)
+			return
+		}
+		name := r.URL.Query().Get("key")
+		if name == "" {
+			http.Error(w, "name the key: POST /resign?key=NAME", http.StatusBadRequest)
+			return
+		}
+		st := c.g.Status()
+		ctx, cancel := context.WithTimeout(r.Context(), st.ReleaseTimeout+st.RenewDeadline)
+		defer cancel()
+		switch err := c.g.Resign(ctx, leader.KeyFromName(name)); {
+		case errors.Is(err, leader.ErrNotLeader):
+			http.Error(w, "this member does not lead "+name, http.StatusConflict)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		default:
+			w.Write([]byte("resigned\n"))
+		}
+	})
+}
+
+// LiveFunc returns liveness as a plain func(context.Context) error.
+func (c *GroupChecker) LiveFunc() func(context.Context) error {
+	return func(context.Context) error { return c.Live() }
+}
+
+// ReadyFunc returns readiness as a plain func(context.Context) error.
+func (c *GroupChecker) ReadyFunc() func(context.Context) error {
+	return func(context.Context) error { return c.Ready() }
+}
