@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -680,5 +681,82 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 			t.Fatalf("%s: not within %s; last: %s", what, waitLong, state)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// status shows a group as one line: its key count, the keys nobody leads,
+// and each member with the keys it leads; the keys themselves are not
+// listed one by one, and --json marks them with the group's name.
+func TestStatusShowsGroups(t *testing.T) {
+	s := server(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var keys []leader.Key
+	for i := range 7 {
+		keys = append(keys, leader.KeyFromName(fmt.Sprintf("status-group/%d", i)))
+	}
+	// One key is held by another session: the group cannot lead it.
+	args, vals := keys[6].SQLArgs(1)
+	other, err := pgx.Connect(ctx, s.DSN()+"&application_name=squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	var groups []*elector.Group
+	done := make(chan struct{}, 2)
+	for _, id := range []string{"sg-a", "sg-b"} {
+		g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(s.DSN()), Group: "status group", Keys: keys, Identity: id,
+			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups = append(groups, g)
+		go func() { g.Run(ctx); done <- struct{}{} }()
+	}
+	defer func() {
+		cancel()
+		<-done
+		<-done
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for len(groups[0].Owned())+len(groups[1].Owned()) != 6 || len(groups[0].Members()) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("owned %v and %v", groups[0].Owned(), groups[1].Owned())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var out string
+	for time.Now().Before(deadline) {
+		var code int
+		code, out = cli(t, nil, "status", "--dsn", s.DSN())
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, out)
+		}
+		if regexp.MustCompile(`status group +7 +1 +sg-a\(\d+\) [34], sg-b\(\d+\) [34]`).MatchString(out) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !regexp.MustCompile(`status group +7 +1 +sg-a\(\d+\) [34], sg-b\(\d+\) [34]`).MatchString(out) || strings.Contains(out, "sg-a  ") ||
+		!strings.Contains(out, "squatter") {
+		t.Fatalf("status:\n%s", out)
+	}
+	t.Logf("status:\n%s", out)
+	_, js := cli(t, nil, "status", "--dsn", s.DSN(), "--json")
+	var locks []lockStatus
+	if err := json.Unmarshal([]byte(js), &locks); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range locks {
+		if l.Group == "status group" {
+			n++
+		}
+	}
+	if n != 6 {
+		t.Fatalf("%d keys marked with the group in --json: %s", n, js)
 	}
 }

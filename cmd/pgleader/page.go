@@ -29,7 +29,8 @@ import (
 type pageData struct {
 	Now       time.Time
 	Database  string
-	Locks     []*lockStatus
+	Locks     []*lockStatus // the elections outside groups
+	Groups    []*groupView
 	Handovers []termRow
 	History   bool // the history table exists and is readable
 	Refresh   int  // seconds
@@ -81,6 +82,19 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 <p class="meta">database <b>{{.Database}}</b> · {{clock .Now}} · refreshes every {{.Refresh}} s</p>
 </header>
 {{if .Error}}<p class="error">{{.Error}}</p>{{end}}
+{{if .Groups}}<section>
+<h2>Groups</h2>
+<div class="scroll"><table id="groups">
+<thead><tr><th>Group</th><th>Keys</th><th>Leaderless</th><th>Members (keys led)</th></tr></thead>
+<tbody>
+{{range .Groups}}<tr class="{{if .Leaderless}}leaderless{{else}}led{{end}}">
+<td><span class="name">{{.Name}}</span></td><td>{{.Keys}}</td><td>{{if .Leaderless}}<span class="none">{{.Leaderless}}</span>{{else}}0{{end}}</td>
+<td>{{range .Members}}<div><span class="leader">{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}</span> {{.Owned}} <span class="sub">pid {{.PID}} · {{.User}}</span></div>{{end}}</td>
+</tr>
+{{end}}
+</tbody></table></div>
+</section>
+{{end}}
 <section>
 <h2>Elections</h2>
 {{if not .Locks}}<p>No advisory lock is held or awaited in this database.</p>{{else}}
@@ -156,7 +170,7 @@ func (p *pageServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/status.json":
 		d := p.read(r.Context())
 		h.Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{"locks": d.Locks, "handovers": d.Handovers, "error": d.Error})
+		json.NewEncoder(w).Encode(map[string]any{"locks": d.Locks, "groups": d.Groups, "handovers": d.Handovers, "error": d.Error})
 		return
 	case "/":
 	default:
@@ -184,7 +198,10 @@ func (p *pageServer) read(ctx context.Context) pageData {
 		if err != nil {
 			return err
 		}
-		d.Locks = locks
+		if d.Groups, err = readGroups(ctx, conn, locks); err != nil {
+			return err
+		}
+		d.Locks = ungrouped(locks)
 		q, _ := terms.Quote(leader.DefaultHistoryTable)
 		if conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')`, q).Scan(&d.History) == nil && d.History {
 			rows, err := readHistory(ctx, conn, q, "", 24*time.Hour)

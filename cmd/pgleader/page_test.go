@@ -55,6 +55,19 @@ func TestLivePageInBrowser(t *testing.T) {
 		go func() { defer wg.Done(); e.Run(runCtx) }()
 	}
 	first := recvLine(t, elected)
+	// A group, named like an attack too: one line on the page.
+	groupName := `<img src=y onerror=alert(3)> tenants`
+	var gkeys []leader.Key
+	for i := range 4 {
+		gkeys = append(gkeys, leader.KeyFromName(fmt.Sprintf("page-group/%d", i)))
+	}
+	g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(dsn), Group: groupName, Keys: gkeys, Identity: evil + "-g",
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); g.Run(runCtx) }()
 
 	// The page, served by the CLI.
 	url := serve(t, "live page on ", "status", "--dsn", dsn, "--serve", "127.0.0.1:0")
@@ -111,6 +124,24 @@ func TestLivePageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	table := must(chromedp.Run(tctx, chromedp.Text(chromedp.ID("elections"))))(t)
+	var groups string
+	for deadline := time.Now().Add(waitLong); ; {
+		// The group leads its keys within a round or two.
+		if err := chromedp.Do(tctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.ID("elections"))); err != nil {
+			t.Fatal(err)
+		}
+		groups = must(chromedp.Run(tctx, chromedp.Evaluate[string](`document.getElementById("groups") ? document.getElementById("groups").innerText : ""`)))(t)
+		if strings.Contains(groups, groupName) && strings.Contains(groups, evil+"-g 4") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(groups, groupName) || !strings.Contains(groups, evil+"-g 4") {
+		t.Fatalf("the page's groups table does not show the group %q and its member as text:\n%s", groupName, groups)
+	}
+	if elections := must(chromedp.Run(tctx, chromedp.Text(chromedp.ID("elections"))))(t); strings.Contains(elections, evil+"-g") {
+		t.Fatalf("the group's keys are listed one by one:\n%s", elections)
+	}
 	scripts := must(chromedp.Run(tctx, chromedp.Evaluate[int](`document.scripts.length`)))(t)
 	images := must(chromedp.Run(tctx, chromedp.Evaluate[int](`document.images.length`)))(t)
 	if !strings.Contains(table, first) || !strings.Contains(table, keyName) {

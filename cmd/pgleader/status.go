@@ -32,7 +32,9 @@ type lockStatus struct {
 	Term     int64           `json:"term,omitempty"`
 	// LastHandover: the newest term's start, from the history table.
 	LastHandover *handover `json:"last_handover,omitempty"`
-	order        [3]int64  // key space, then the key's value(s): numeric order
+	// Group names the elector.Group whose member holds the key.
+	Group string   `json:"group,omitempty"`
+	order [3]int64 // key space, then the key's value(s): numeric order
 }
 
 // handover is a key's newest term, and how the one before it ended.
@@ -118,6 +120,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	tty := isTerminal(stdout)
 	for {
 		locks, err := readStatus(ctx, conn, *table, known)
+		var groups []*groupView
+		if err == nil {
+			groups, err = readGroups(ctx, conn, locks)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -144,7 +150,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 			out.Write(b)
 			out.WriteString("\n")
 		default:
-			renderStatus(&out, locks)
+			renderGroups(&out, groups)
+			if rest := ungrouped(locks); len(rest) > 0 || len(groups) == 0 {
+				renderStatus(&out, rest)
+			}
 		}
 		if !*watch {
 			fmt.Fprint(stdout, out.String())
