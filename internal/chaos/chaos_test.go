@@ -15,6 +15,9 @@ import (
 var (
 	duration = flag.Duration("chaos.duration", 40*time.Second, "how long TestChaos injects faults")
 	seed     = flag.Int64("chaos.seed", 0, "schedule seed (0: time-based)")
+	groupDur = flag.Duration("chaos.group-duration", 20*time.Second, "how long TestChaosGroup injects faults")
+	keys     = flag.Int("chaos.keys", 100, "keys of TestChaosGroup's group")
+	members  = flag.Int("chaos.members", 3, "members of TestChaosGroup's group (plus one that reaches only the standby)")
 )
 
 func TestMain(m *testing.M) {
@@ -39,6 +42,25 @@ func TestChaos(t *testing.T) {
 	}
 	if r.Tenures < 3 {
 		t.Fatalf("only %d tenures: the schedule did not exercise failover", r.Tenures)
+	}
+}
+
+// TestChaosGroup runs the same schedule against the members of one
+// elector.Group with 100 keys, and checks every invariant per key: safety,
+// fencing terms and fenced writes, callback pairs, slow drains, the
+// standby; liveness means every key led again.
+func TestChaosGroup(t *testing.T) {
+	s := *seed
+	if s == 0 {
+		s = time.Now().UnixNano() % 1_000_000
+	}
+	r := Run(t, Config{Seed: s, Duration: *groupDur, Failover: true, Group: true, Keys: *keys, Electors: *members})
+	t.Log("\n" + r.Summary())
+	if !r.OK() {
+		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
+	}
+	if r.Tenures < 2**keys {
+		t.Fatalf("only %d tenures for %d keys: the schedule did not move keys", r.Tenures, *keys)
 	}
 }
 

@@ -50,6 +50,7 @@ func ChildMain(role string) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	var drain atomic.Int64
 	var el atomic.Pointer[elector.Elector]
+	var groupResign atomic.Pointer[func()]
 	go func() { // stdin closes when the harness wants us to stop
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
@@ -62,12 +63,18 @@ func ChildMain(role string) int {
 				if e := el.Load(); e != nil {
 					go e.Resign(ctx)
 				}
+				if f := groupResign.Load(); f != nil {
+					(*f)()
+				}
 			}
 		}
 		cancel()
 	}()
-	if role == RoleBroken {
+	switch role {
+	case RoleBroken:
 		return brokenMain(ctx, em, dsn, id, key)
+	case RoleGroup:
+		return groupMain(ctx, em, dsn, id, &drain, &groupResign)
 	}
 	e, err := elector.New(elector.Config{
 		Connect: elector.DSN(dsn), Key: key, Identity: id,

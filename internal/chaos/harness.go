@@ -32,6 +32,11 @@ type Config struct {
 	Broken   int      // broken electors (no checks), to prove the checker fails
 	Faults   []string // fault types to draw from (default AllFaults)
 	Failover bool     // promote the standby once, about 70% into the run
+	// Group runs the electors as members of one elector.Group with Keys
+	// keys (default 100): the same faults, every check per key, and
+	// liveness means every key led.
+	Group bool
+	Keys  int
 }
 
 // AllFaults are the fault types the schedule draws from.
@@ -51,6 +56,7 @@ type proc struct {
 // Report is what a run found.
 type Report struct {
 	Seed       int64
+	Keys       int // a group's keys; 0 for a single election
 	Faults     map[string]int
 	Recovery   map[string][]time.Duration // fault healed -> a leader again
 	Failover   map[string][]time.Duration // fault injected -> the next election
@@ -104,15 +110,18 @@ func Run(t testing.TB, cfg Config) *Report {
 	if len(cfg.Faults) == 0 {
 		cfg.Faults = AllFaults
 	}
+	if cfg.Group && cfg.Keys == 0 {
+		cfg.Keys = 100
+	}
 	h := &harness{t: t, cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), key: fmt.Sprintf("chaos-%d", cfg.Seed),
-		report: &Report{Seed: cfg.Seed, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}, Failover: map[string][]time.Duration{}}}
+		report: &Report{Seed: cfg.Seed, Keys: cfg.Keys, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}, Failover: map[string][]time.Duration{}}}
 	// A standby reconnects to a restarted primary after
 	// wal_retrieve_retry_interval; with synchronous replication commits
 	// wait for it, so keep it short.
 	h.primary = testpg.Start(t, testpg.Options{Settings: []string{"wal_level=replica", "max_wal_senders=4", "wal_retrieve_retry_interval=100ms"}})
 	h.current = h.primary
 	ctx := context.Background()
-	for _, ddl := range []string{writesDDL, leader.TermsTableSQL(leader.DefaultTermsTable)} {
+	for _, ddl := range []string{writesDDL, groupWritesDDL, leader.TermsTableSQL(leader.DefaultTermsTable)} {
 		if err := h.primary.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)
 		}
@@ -145,10 +154,10 @@ func Run(t testing.TB, cfg Config) *Report {
 		}
 	}
 	for i := 0; i < cfg.Electors; i++ {
-		h.spawn(RoleElector)
+		h.spawn(h.role())
 	}
 	if h.standby != nil {
-		h.spawnOn(RoleElector, true)
+		h.spawnOn(h.role(), true)
 	}
 	h.schedule()
 	h.finish()
@@ -163,6 +172,14 @@ func (h *harness) note(ev, who string) {
 }
 
 func (h *harness) spawn(role string) *proc { return h.spawnOn(role, false) }
+
+// role is the role of the processes under test.
+func (h *harness) role() string {
+	if h.cfg.Group {
+		return RoleGroup
+	}
+	return RoleElector
+}
 
 // spawnOn starts an elector process. Its DSN lists the primary and the
 // standby, each behind a proxy of its own: with target_session_attrs=
@@ -198,7 +215,7 @@ func (h *harness) spawnOn(role string, standbyOnly bool) *proc {
 		attrs = ""
 	}
 	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=3%s", joinHostPorts(hosts, ports), attrs)
-	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key)
+	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key, fmt.Sprintf("CHAOS_KEYS=%d", h.cfg.Keys))
 	h.procs = append(h.procs, p)
 	return p
 }
@@ -211,35 +228,68 @@ func joinHostPorts(hosts, ports []string) string {
 	return strings.Join(parts, ",")
 }
 
-// tenureOpen reports whether p's last tenure event is an election.
-func tenureOpen(p *proc) bool {
-	open := false
+// openKeys returns the keys (Data; "" for a single elector) whose last
+// tenure event in p's log is an election.
+func openKeys(p *proc) map[string]bool {
+	open := map[string]bool{}
 	for _, e := range p.child.Log() {
 		switch e.Ev {
 		case "elected":
-			open = true
-		case "ctxdone", "demoted", "exited":
-			open = false
+			open[e.Data] = true
+		case "ctxdone", "demoted":
+			delete(open, e.Data)
+		case "exited":
+			clear(open)
 		}
 	}
 	return open
 }
 
-// leader returns the process that currently leads and can act.
+// leader returns a process that currently leads (in a group, a member
+// that leads a key, at random) and can act.
 func (h *harness) leader() *proc {
+	var ls []*proc
 	for _, p := range h.procs {
-		if p.killed == 0 && tenureOpen(p) {
-			return p
+		if p.killed == 0 && len(openKeys(p)) > 0 {
+			ls = append(ls, p)
 		}
 	}
-	return nil
+	if len(ls) == 0 {
+		return nil
+	}
+	if h.cfg.Group {
+		return ls[h.rng.Intn(len(ls))]
+	}
+	return ls[0]
 }
 
-// waitLeader waits up to bound for a leader; it returns how long it took.
+// led reports whether there is a leader: in a group, of every key.
+func (h *harness) led() bool {
+	if !h.cfg.Group {
+		for _, p := range h.procs {
+			if p.killed == 0 && len(openKeys(p)) > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	all := map[string]bool{}
+	for _, p := range h.procs {
+		if p.killed == 0 {
+			for k := range openKeys(p) {
+				all[k] = true
+			}
+		}
+	}
+	return len(all) == h.cfg.Keys
+}
+
+// waitLeader waits up to bound for a leader (of every key, in a group); it
+// returns how long it took.
 func (h *harness) waitLeader(bound time.Duration) (time.Duration, bool) {
 	began := time.Now()
 	for time.Since(began) < bound {
-		if h.leader() != nil {
+		if h.led() {
 			return time.Since(began), true
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -264,7 +314,7 @@ func (h *harness) schedule() {
 			fault = "failover"
 		}
 		l := h.leader()
-		if l == nil {
+		if l == nil || !h.led() {
 			if _, ok := h.waitLeader(10 * time.Second); !ok {
 				h.report.Violations = append(h.report.Violations, "liveness: no leader before injecting "+fault)
 				return
@@ -285,7 +335,7 @@ func (h *harness) schedule() {
 			l.killed = h.mono()
 			l.child.Signal(syscall.SIGKILL)
 			h.hold(100*time.Millisecond, time.Second)
-			h.spawn(RoleElector)
+			h.spawn(h.role())
 		case "pause", "long-pause":
 			lo, hi := 200*time.Millisecond, Lease-300*time.Millisecond
 			if fault == "long-pause" {
@@ -346,7 +396,7 @@ func (h *harness) schedule() {
 			} else {
 				l.killed = h.mono()
 				l.child.CloseStdin()
-				h.spawn(RoleElector)
+				h.spawn(h.role())
 			}
 			bound = d + 3*time.Second
 		}
@@ -425,7 +475,7 @@ func (h *harness) finish() {
 }
 
 type tenure struct {
-	id         string
+	id, key    string
 	start, end int64
 	term       int64
 	graceful   bool // ended by a resign or a stop: lasts until OnElected returned
@@ -434,24 +484,40 @@ type tenure struct {
 // check runs every check the package doc names over the event logs and
 // the database. Liveness is checked while the schedule runs.
 func (h *harness) check() {
-	var tenures []tenure
-	for _, p := range h.procs {
-		h.checkCallbacks(p)
-		h.checkProcess(p)
-		tenures = append(tenures, h.tenuresOf(p)...)
+	keys := []string{""}
+	if h.cfg.Group {
+		keys = keys[:0]
+		for i := range h.cfg.Keys {
+			keys = append(keys, groupKeyName(h.key, i))
+		}
 	}
-	h.report.Tenures = len(tenures)
-	sort.Slice(tenures, func(i, j int) bool { return tenures[i].start < tenures[j].start })
-	h.measureFailover(tenures)
-	h.checkSafety(tenures)
-	h.checkTerms(tenures)
+	var all []tenure
+	for _, key := range keys {
+		var tenures []tenure
+		for _, p := range h.procs {
+			h.checkCallbacks(p, key)
+			tenures = append(tenures, h.tenuresOf(p, key)...)
+		}
+		sort.Slice(tenures, func(i, j int) bool { return tenures[i].start < tenures[j].start })
+		h.checkSafety(tenures)
+		h.checkTerms(tenures)
+		all = append(all, tenures...)
+	}
+	for _, p := range h.procs {
+		h.checkProcess(p)
+	}
+	h.report.Tenures = len(all)
+	sort.Slice(all, func(i, j int) bool { return all[i].start < all[j].start })
+	h.measureFailover(all)
 	conn, err := h.current.Connect(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
 	h.checkWrites(conn)
-	h.checkHistory(conn, tenures)
+	if !h.cfg.Group {
+		h.checkHistory(conn, all)
+	}
 	h.checkSessions(conn)
 }
 
@@ -488,6 +554,14 @@ func (h *harness) checkHistory(conn *pgx.Conn, tenures []tenure) {
 	}
 }
 
+// keyNote names a group's key in a violation.
+func keyNote(key string) string {
+	if key == "" {
+		return ""
+	}
+	return ", key " + key
+}
+
 func (h *harness) violate(format string, args ...any) {
 	h.report.Violations = append(h.report.Violations, fmt.Sprintf(format, args...))
 }
@@ -500,13 +574,16 @@ func (h *harness) violate(format string, args ...any) {
 // stopped process acts only until it is stopped; the moments after it
 // resumes and before it notices are the allowed exception, whose fenced
 // writes must be refused (checkWrites).
-func (h *harness) tenuresOf(p *proc) []tenure {
+func (h *harness) tenuresOf(p *proc, key string) []tenure {
 	var out []tenure
 	var cur *tenure
 	for _, e := range p.child.Log() {
+		if h.cfg.Group && e.Data != key && e.Ev != "exited" {
+			continue
+		}
 		switch {
 		case e.Ev == "elected":
-			cur = &tenure{id: p.id, start: e.Mono, term: e.Term}
+			cur = &tenure{id: p.id, key: key, start: e.Mono, term: e.Term}
 		case cur == nil:
 		case e.Ev == "ctxdone" && (e.Err == "resigned" || e.Err == "stopped" || e.Err == "callback_returned"):
 			cur.end, cur.graceful = e.Mono, true
@@ -535,14 +612,18 @@ func (h *harness) tenuresOf(p *proc) []tenure {
 }
 
 // checkCallbacks: exactly one OnDemoted per OnElected, never two OnElected
-// in a row (a killed process may miss its last OnDemoted).
-func (h *harness) checkCallbacks(p *proc) {
+// in a row (a killed process may miss its last OnDemoted); per key in a
+// group.
+func (h *harness) checkCallbacks(p *proc, key string) {
 	elected, demoted, open := 0, 0, false
 	for _, e := range p.child.Log() {
+		if h.cfg.Group && e.Data != key {
+			continue
+		}
 		switch e.Ev {
 		case "elected":
 			if open {
-				h.violate("callbacks: %s elected twice without a step-down", p.id)
+				h.violate("callbacks: %s elected twice without a step-down%s", p.id, keyNote(key))
 			}
 			elected, open = elected+1, true
 		case "demoted":
@@ -554,7 +635,7 @@ func (h *harness) checkCallbacks(p *proc) {
 		want--
 	}
 	if demoted != want && h.cfg.Broken == 0 {
-		h.violate("callbacks: %s had %d OnElected and %d OnDemoted", p.id, elected, demoted)
+		h.violate("callbacks: %s had %d OnElected and %d OnDemoted%s", p.id, elected, demoted, keyNote(key))
 	}
 }
 
@@ -568,6 +649,8 @@ func (h *harness) checkProcess(p *proc) {
 			h.violate("resources: %s leaked goroutines: %s", p.id, e.Data)
 		case e.Ev == "returned" && strings.HasPrefix(e.Data, "drain refused=") && e.Data != "drain refused=0":
 			h.violate("drain: %s (term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Term, e.Data)
+		case e.Ev == "returned" && strings.HasPrefix(e.Err, "drain refused=") && e.Err != "drain refused=0":
+			h.violate("drain: %s (key %s, term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Data, e.Term, e.Err)
 		case e.Ev == "elected" && p.standbyOnly && (h.promoted == 0 || e.Mono < h.promoted):
 			h.violate("standby: %s (term %d) was elected while it could reach only the standby", p.id, e.Term)
 		}
@@ -606,7 +689,7 @@ func (h *harness) checkSafety(tenures []tenure) {
 				r.ServerEnded++
 				r.MaxServerEnded = max(r.MaxServerEnded, overlap)
 			} else {
-				h.violate("safety: %s (term %d) elected %s before %s stepped down (last fault: %s)", t.id, t.term, overlap, maxID, f)
+				h.violate("safety: %s (term %d%s) elected %s before %s stepped down (last fault: %s)", t.id, t.term, keyNote(t.key), overlap, maxID, f)
 				if len(r.history) == 0 {
 					h.history(t.start)
 				}
@@ -622,7 +705,7 @@ func (h *harness) checkSafety(tenures []tenure) {
 func (h *harness) checkTerms(tenures []tenure) {
 	for i := 1; i < len(tenures); i++ {
 		if t := tenures[i]; t.term <= tenures[i-1].term {
-			h.violate("fencing: term %d of %s does not exceed the previous tenure's %d", t.term, t.id, tenures[i-1].term)
+			h.violate("fencing: term %d of %s%s does not exceed the previous tenure's %d", t.term, t.id, keyNote(t.key), tenures[i-1].term)
 		}
 	}
 }
@@ -632,8 +715,13 @@ func (h *harness) checkTerms(tenures []tenure) {
 func (h *harness) checkWrites(conn *pgx.Conn) {
 	ctx := context.Background()
 	r := h.report
-	conn.QueryRow(ctx, `SELECT count(*) FROM chaos_writes`).Scan(&r.Writes)
-	conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM chaos_writes) s WHERE term < before`).Scan(&r.Stale)
+	if h.cfg.Group {
+		conn.QueryRow(ctx, `SELECT count(*) FROM chaos_group_writes`).Scan(&r.Writes)
+		conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT term, max(term) OVER (PARTITION BY key ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM chaos_group_writes) s WHERE term < before`).Scan(&r.Stale)
+	} else {
+		conn.QueryRow(ctx, `SELECT count(*) FROM chaos_writes`).Scan(&r.Writes)
+		conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT term, max(term) OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before FROM chaos_writes) s WHERE term < before`).Scan(&r.Stale)
+	}
 	if r.Stale > 0 {
 		h.violate("fencing: %d writes with a stale term were accepted", r.Stale)
 	}
@@ -686,6 +774,9 @@ func (h *harness) history(at int64) {
 // Summary renders the report as a table.
 func (r *Report) Summary() string {
 	var b strings.Builder
+	if r.Keys > 0 {
+		fmt.Fprintf(&b, "group of %d keys: every check per key; liveness means every key led\n", r.Keys)
+	}
 	fmt.Fprintf(&b, "chaos seed %d: %d tenures, %d fenced writes accepted, %d stale accepted\n", r.Seed, r.Tenures, r.Writes, r.Stale)
 	fmt.Fprintf(&b, "server-ended sessions overlapping the next leader (fenced): %d, longest %s\n", r.ServerEnded, r.MaxServerEnded)
 	fmt.Fprintf(&b, "slow drains (OnElected working 2-3 leases past its context, fenced writes throughout): %d\n", r.Drains)
@@ -735,6 +826,10 @@ func (r *Report) Summary() string {
 			}
 		}
 	}
-	fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run TestChaos -chaos.seed=%d\n", r.Seed)
+	if r.Keys > 0 {
+		fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run TestChaosGroup -chaos.seed=%d\n", r.Seed)
+	} else {
+		fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run 'TestChaos$' -chaos.seed=%d\n", r.Seed)
+	}
 	return b.String()
 }
