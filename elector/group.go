@@ -153,6 +153,8 @@ type Group struct {
 	soon     bool // run the next round within a few milliseconds
 
 	stats groupStats
+	// testRound runs before each full round (tests only; see export_test.go).
+	testRound func(ctx context.Context, conn *pgx.Conn)
 }
 
 // tagKey is a key as pg_locks shows it.
@@ -284,7 +286,9 @@ func (g *Group) Members() []string {
 
 // Resign hands key over to another member: its OnElected is cancelled,
 // the lock is released once it returns, and the group keeps the key away
-// from this member for ten renew intervals. It returns once OnDemoted ran,
+// from this member for ten renew intervals (the member that ranks it next
+// leads it meanwhile, and no other key moves); a member alone in its group
+// leads the key again after one interval. It returns once OnDemoted ran,
 // or leader.ErrNotLeader when this member does not lead key.
 func (g *Group) Resign(ctx context.Context, key leader.Key) error {
 	g.mu.Lock()
@@ -293,7 +297,13 @@ func (g *Group) Resign(ctx context.Context, key leader.Key) error {
 		g.mu.Unlock()
 		return leader.ErrNotLeader
 	}
-	g.holds[tagOf(key)] = resignHold{member: g.cfg.Identity, until: time.Now().Add(10 * g.cfg.RenewInterval)}
+	hold := 10 * g.cfg.RenewInterval
+	if len(g.members) < 2 {
+		// No other member to take it: lead it again after one interval,
+		// as an Elector alone does after a resign.
+		hold = g.cfg.RenewInterval
+	}
+	g.holds[tagOf(key)] = resignHold{member: g.cfg.Identity, until: time.Now().Add(hold)}
 	g.dirty = true
 	g.release(t, leader.ErrResigned)
 	g.mu.Unlock()
@@ -602,6 +612,12 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	defer cancel()
 	held, members := map[tagKey]bool{}, []string(nil)
 	if full {
+		g.mu.Lock()
+		hook := g.testRound
+		g.mu.Unlock()
+		if hook != nil {
+			hook(rctx, conn)
+		}
 		b := &pgx.Batch{}
 		b.Queue(checkSQL)
 		b.Queue(scanSQL, uint32(g.roster))
@@ -652,6 +668,19 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	// round when the holds did. Between, a light round goes by the last
 	// assignment, less the keys this member resigned, plus the keys
 	// resigned to it: a hand-over does not wait for an assignment.
+	// Members changed: tell them of this member's resigns still held (a
+	// member that joined since has not heard of them, and would assign
+	// those keys back to this member, which would not take them).
+	var rebroadcast []string
+	if full && !slices.Equal(members, g.assigned) {
+		for k, h := range g.holds {
+			if h.member == c.Identity {
+				if heir := heirOf(k, members, c.Identity); heir != "" {
+					rebroadcast = append(rebroadcast, fmt.Sprintf("%s resigned %d.%d.%d to %s", c.Identity, k.c, k.o, k.s, heir))
+				}
+			}
+		}
+	}
 	if g.rekey || !slices.Equal(members, g.assigned) || full && g.dirty {
 		g.owner, g.assigned, g.rekey, g.dirty = assign(g.order, members, g.holds), members, false, false
 		g.mine, g.gifts = map[tagKey]bool{}, map[tagKey]bool{}
@@ -738,6 +767,11 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	}
 	g.mu.Unlock()
 
+	if len(rebroadcast) > 0 {
+		if err := g.broadcast(rctx, conn, rebroadcast); err != nil {
+			return err
+		}
+	}
 	if len(unlock) == 0 && len(want) == 0 && len(adopt) == 0 {
 		return nil
 	}
@@ -1172,9 +1206,11 @@ func keyOrder(keys map[tagKey]leader.Key) []tagKey {
 // rendezvous hashing with bounded loads. Every key, in that order, goes to
 // the member that ranks it highest among those with room left; each member
 // has room for ⌊K/M⌋ keys, the first K mod M members (in name order) for
-// one more. A held key (resigned by a member) goes elsewhere first, past
-// the bound when needed, and counts against the member that resigned it,
-// so that a resign moves that key only.
+// one more. A held key (resigned by a member) goes, in its turn, to the
+// member that ranks it highest but the one that resigned it, past the
+// bound when needed, and counts against the one that resigned it: every
+// other key then sees the same room as without the hold, so a resign moves
+// that key only.
 func assign(order []tagKey, members []string, holds map[tagKey]resignHold) []int {
 	owner := make([]int, len(order))
 	m := len(members)
@@ -1210,7 +1246,8 @@ func assign(order []tagKey, members []string, holds map[tagKey]resignHold) []int
 		}
 		return best
 	}
-	var rest []int
+	// A held key is given in its own turn, so that every other key sees
+	// the same room as without the hold and goes to the same member.
 	for i, k := range order {
 		if h, ok := holds[k]; ok && m > 1 {
 			if a := slices.Index(members, h.member); a >= 0 {
@@ -1218,10 +1255,7 @@ func assign(order []tagKey, members []string, holds map[tagKey]resignHold) []int
 				continue
 			}
 		}
-		rest = append(rest, i)
-	}
-	for _, i := range rest {
-		owner[i] = pick(order[i], -1, true)
+		owner[i] = pick(k, -1, true)
 	}
 	return owner
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,6 +337,10 @@ func TestGroupFencing(t *testing.T) {
 	if first.Term < 1 || first.TermsTable == "" {
 		t.Fatalf("first leadership %+v", first)
 	}
+	// A resign hands the key to another member only once there is one.
+	eventually(t, "both members see each other", func() (bool, string) {
+		return len(gs[0].Members()) == 2 && len(gs[1].Members()) == 2, fmt.Sprint(gs[0].Members(), gs[1].Members())
+	})
 	for _, g := range gs {
 		if g.IsLeader(key) {
 			if err := g.Resign(context.Background(), key); err != nil {
@@ -466,4 +471,92 @@ WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid
 		}
 		return true, ""
 	})
+}
+
+// A key whose lock this member no longer holds (here unlocked on its own
+// session, through a test seam: no other session can take a lock from a
+// live one) is demoted alone, with ErrLockLost; the member's other keys
+// carry on. The member does not lead the key again before that tenure's
+// OnDemoted ran, though the lock is free and the key is still its own:
+// its OnElected here takes 300ms to return.
+func TestGroupLosesOneKey(t *testing.T) {
+	srv := sharedServer(t)
+	keys := groupKeys(t.Name(), 6)
+	var mu sync.Mutex
+	var events []string
+	running := map[string]bool{}
+	var bad []string
+	cb := elector.Callbacks{
+		OnElected: func(ctx context.Context, l leader.Leadership) {
+			k := l.Key.Name()
+			mu.Lock()
+			if running[k] {
+				bad = append(bad, "elected again while its previous OnElected still runs: "+k)
+			}
+			running[k] = true
+			events = append(events, "elected "+k)
+			mu.Unlock()
+			<-ctx.Done()
+			if errors.Is(context.Cause(ctx), leader.ErrLockLost) {
+				time.Sleep(300 * time.Millisecond)
+			}
+			mu.Lock()
+			running[k] = false
+			mu.Unlock()
+		},
+		OnDemoted: func(l leader.Leadership, reason error) {
+			mu.Lock()
+			events = append(events, fmt.Sprintf("demoted %s %s", l.Key.Name(), leader.ReasonLabel(reason)))
+			mu.Unlock()
+		},
+	}
+	m := runMember(t, elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: t.Name(), Keys: keys, Identity: "lk",
+		Callbacks: cb, RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Logger: testLogger(t, nil)})
+	eventually(t, "lk leads all 6 keys", func() (bool, string) { return len(m.g.Owned()) == 6, fmt.Sprint(m.g.Owned()) })
+	lost := keys[2]
+	args, vals := lost.SQLArgs(1)
+	var once sync.Once
+	elector.OnFullRound(m.g, func(ctx context.Context, conn *pgx.Conn) {
+		once.Do(func() {
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock("+args+")", vals...); err != nil {
+				t.Error(err)
+			}
+		})
+	})
+	eventually(t, "the lost key led again", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, e := range events {
+			if e == "elected "+lost.Name() {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprint(events)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var demotions []string
+	lostAt, againAt := -1, -1
+	for i, e := range events {
+		if strings.HasPrefix(e, "demoted") {
+			demotions = append(demotions, e)
+			if e == "demoted "+lost.Name()+" lock_lost" {
+				lostAt = i
+			}
+		}
+		if e == "elected "+lost.Name() {
+			againAt = i
+		}
+	}
+	if len(demotions) != 1 || lostAt < 0 {
+		t.Fatalf("want one demotion, of %s for lock_lost; got %v", lost.Name(), demotions)
+	}
+	if againAt < lostAt {
+		t.Fatalf("led again before its OnDemoted: %v", events)
+	}
+	if len(bad) > 0 {
+		t.Fatal(bad)
+	}
 }

@@ -208,12 +208,12 @@ func TestGroupCollector(t *testing.T) {
 		return g
 	}
 	a := start("gm-a")
-	start("gm-b")
+	b := start("gm-b")
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(promleader.NewGroupCollector(a))
 	gl := map[string]string{"group": "group-metrics"}
 	deadline := time.Now().Add(waitLong)
-	for metricValue(t, reg, "pgleader_group_keys_owned", gl) != 3 || metricValue(t, reg, "pgleader_group_members", gl) != 2 {
+	for metricValue(t, reg, "pgleader_group_keys_owned", gl) != 3 || metricValue(t, reg, "pgleader_group_members", gl) != 2 || len(b.Owned()) != 3 {
 		if time.Now().After(deadline) {
 			t.Fatalf("owned %v, members %v", metricValue(t, reg, "pgleader_group_keys_owned", gl), metricValue(t, reg, "pgleader_group_members", gl))
 		}
@@ -231,11 +231,15 @@ func TestGroupCollector(t *testing.T) {
 	if v := metricValue(t, reg, "pgleader_group_rounds_total", map[string]string{"group": "group-metrics", "kind": "full"}); v < 1 {
 		t.Fatalf("full rounds %v", v)
 	}
+	// A resign, like a hand-over to a member that joined, counts as
+	// resigned.
+	resigned := map[string]string{"group": "group-metrics", "reason": "resigned"}
+	before := metricValue(t, reg, "pgleader_group_demotions_total", resigned)
 	if err := a.Resign(context.Background(), a.Owned()[0]); err != nil {
 		t.Fatal(err)
 	}
-	if v := metricValue(t, reg, "pgleader_group_demotions_total", map[string]string{"group": "group-metrics", "reason": "resigned"}); v != 1 {
-		t.Fatalf("demotions{resigned} %v", v)
+	if v := metricValue(t, reg, "pgleader_group_demotions_total", resigned); v != before+1 {
+		t.Fatalf("demotions{resigned} %v after a resign, %v before", v, before)
 	}
 	if v := metricValue(t, reg, "pgleader_group_demotions_total", map[string]string{"group": "group-metrics", "reason": "lock_lost"}); v != 0 {
 		t.Fatalf("demotions{lock_lost} %v", v)
