@@ -2,6 +2,7 @@ package elector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -75,12 +76,14 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 			switch err := terms.EnsureHistory(ctx, ls.Conn(), f.HistoryTable, !f.NoCreate); {
 			case err == nil:
 				e.history = true
-			case ctx.Err() != nil:
-				ls.Close()
-				return nil, fmt.Errorf("fencing: %w", err)
-			default:
+			case errors.Is(err, terms.ErrNoTable) || errors.Is(err, terms.ErrReadOnly):
 				// Fencing works without it: say so once per session.
 				e.log.Warn("no leadership history: "+err.Error(), zap.String("table", f.HistoryTable))
+			default:
+				// A fault, or a lock wait the server gave up on: try again
+				// with the next session rather than lose this one's rows.
+				ls.Close()
+				return nil, fmt.Errorf("fencing: history table: %w", err)
 			}
 		}
 		e.setBump()

@@ -104,15 +104,24 @@ func ensure(ctx context.Context, conn *pgx.Conn, table string, create bool, ddl,
 		return classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"}, table, ddl, privileges)
 	}
 	// The simple protocol: a DDL may hold more than one statement.
-	if _, err := conn.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
+	for attempt := 1; ; attempt++ {
+		_, err := conn.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol)
 		var pgErr *pgconn.PgError
-		// Concurrent CREATE TABLE IF NOT EXISTS can race on the catalogs.
-		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+		switch {
+		case err == nil:
 			return nil
+		case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):
+			// Concurrent CREATE TABLE IF NOT EXISTS can race on the catalogs.
+			return nil
+		case errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") && attempt < 5 && ctx.Err() == nil:
+			// Another session creating the same table holds the catalog
+			// locks longer than this session's lock_timeout: once it has
+			// committed, IF NOT EXISTS finds the table.
+			continue
+		default:
+			return classify(err, table, ddl, privileges)
 		}
-		return classify(err, table, ddl, privileges)
 	}
-	return nil
 }
 
 // BumpSQL installs the next term of a key and returns it. Its arguments are
