@@ -339,3 +339,38 @@ FROM pgleader_history WHERE classid = $1 AND objid = $2 AND objsubid = $3 ORDER 
 	}
 	t.Logf("history: %+v", got)
 }
+
+// A history table that another session is creating at the same moment (its
+// transaction holds the catalog locks past this elector's lock_timeout):
+// the elector does not run its session without history, and its term gets
+// its row once the other creation committed.
+func TestHistoryTableCreatedConcurrently(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	other := mustConn(t, srv)
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, leader.HistoryTableSQL(leader.DefaultHistoryTable), pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorder(t)
+	key := testKey(t)
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "hc", fencing: fencingOn})
+	time.Sleep(800 * time.Millisecond) // several lock timeouts of the elector's session
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	el := r.next("elected", "hc")
+	classid, objid, objsubid := key.LockTag()
+	conn := mustConn(t, srv)
+	defer conn.Close(ctx)
+	eventually(t, "the term's history row", func() (bool, string) {
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pgleader_history WHERE classid = $1 AND objid = $2 AND objsubid = $3 AND term = $4`,
+			classid, objid, objsubid, el.term).Scan(&n)
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+}
