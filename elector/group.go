@@ -151,6 +151,9 @@ type Group struct {
 	ringLast string
 	gone     map[string]time.Time
 	soon     bool // run the next round within a few milliseconds
+	// pending are resigns told to their heirs, for the group with the
+	// next full round.
+	pending []string
 
 	stats groupStats
 	// testRound runs before each full round (tests only; see export_test.go).
@@ -307,7 +310,13 @@ func (g *Group) Resign(ctx context.Context, key leader.Key) error {
 	g.dirty = true
 	g.release(t, leader.ErrResigned)
 	g.mu.Unlock()
-	g.poke()
+	// The release goes out once OnElected has returned: its goroutine
+	// pokes the loop then. Poke now only if it already has.
+	select {
+	case <-t.done:
+		g.poke()
+	default:
+	}
 	select {
 	case <-t.demoted:
 		return nil
@@ -672,6 +681,9 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	// member that joined since has not heard of them, and would assign
 	// those keys back to this member, which would not take them).
 	var rebroadcast []string
+	if full {
+		rebroadcast, g.pending = g.pending, nil
+	}
 	if full && !slices.Equal(members, g.assigned) {
 		for k, h := range g.holds {
 			if h.member == c.Identity {
@@ -780,7 +792,12 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	}
 	won, err := g.exchange(rctx, conn, sess, !full, unlock, want, resigned)
 	if err == nil && len(resigned) > 0 {
-		err = g.broadcast(rctx, conn, resigned)
+		// The others hear of the resign with the next full round's batch,
+		// off the hand-over's path: they need it only to assign as the
+		// heir does, and a resign changes no key of theirs.
+		g.mu.Lock()
+		g.pending = append(g.pending, resigned...)
+		g.mu.Unlock()
 	}
 	if err == nil {
 		// Released: each one's OnDemoted, now that its lock is free.

@@ -36,8 +36,10 @@ type GroupStatus struct {
 	// LastError is the last session error ("" when none since the last
 	// full round).
 	LastError string
-	// Rounds and LightRounds count the rounds of this process's life.
-	Rounds, LightRounds int64
+	// Rounds and LightRounds count the rounds of this process's life;
+	// WatchWaits the crash watch's lock waits (each one round trip that
+	// sleeps on the server).
+	Rounds, LightRounds, WatchWaits int64
 	// Elected counts tenures begun; Demoted counts tenures ended, by
 	// leader.ReasonLabel.
 	Elected int64
@@ -53,6 +55,7 @@ type groupStats struct {
 	lastRound, lastStep time.Time
 	lastErr             string
 	rounds, light       int64
+	watchWaits          int64
 	elected             int64
 	demoted             map[string]int64
 }
@@ -64,7 +67,7 @@ func (g *Group) Status() GroupStatus {
 	defer g.mu.Unlock()
 	st := GroupStatus{Group: g.cfg.Group, Identity: g.cfg.Identity, Members: append([]string(nil), g.members...),
 		Keys: len(g.keys), Owned: owned, Tenures: len(g.owned), Connected: g.stats.connected, LastRound: g.stats.lastRound, LastStep: g.stats.lastStep,
-		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, Elected: g.stats.elected,
+		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, WatchWaits: g.stats.watchWaits, Elected: g.stats.elected,
 		Demoted:       map[string]int64{},
 		RenewInterval: g.cfg.RenewInterval, RenewDeadline: g.cfg.RenewDeadline, LeaseDuration: g.cfg.LeaseDuration, ReleaseTimeout: g.cfg.ReleaseTimeout}
 	for _, r := range leader.ReasonLabels {

@@ -154,6 +154,9 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		err := conn.QueryRow(wctx, `SELECT pg_temp.pgleader_ring($1, $2, $3, $4, $5)`,
 			lockconn.HeirClass, memberLock(c.Group, *target), int32(max(1, wait.Milliseconds())), g.channel, *target).Scan(&gone)
 		cancel()
+		g.mu.Lock()
+		g.stats.watchWaits++
+		g.mu.Unlock()
 		if err != nil {
 			return err
 		}
