@@ -41,14 +41,16 @@ type benchResult struct {
 }
 
 type bencher struct {
-	dsn     string
-	srv     *pgtemp.Server // nil with --dsn
-	exe     string
-	runs    int
-	out     io.Writer
-	results []benchResult
-	admin   *pgx.Conn
-	seq     int
+	dsn string
+	srv *pgtemp.Server // nil with --dsn
+	exe string
+	// groupSingle runs the group scenario without the crash watch.
+	groupSingle bool
+	runs        int
+	out         io.Writer
+	results     []benchResult
+	admin       *pgx.Conn
+	seq         int
 	// short timings for the partition and pause scenarios
 	interval, deadline, lease time.Duration
 	// the crowd's timings (zero: the elector's defaults)
@@ -78,6 +80,8 @@ throwaway server.
 	loadLeaders := fs.Int("dbload-leaders", 200, "leaders, each on a key of its own, for dbload's renew cost (0: skip)")
 	groupKeys := fs.Int("group-keys", 1000, "keys of the group scenario's kill, join and resign runs (3 members)")
 	groupRuns := fs.Int("group-runs", 10, "kill-and-join runs of the group scenario (and three times as many resigns)")
+	groupSingle := fs.Bool("group-single", false, "run the group scenario's members with SingleConnection (no crash watch), for comparison")
+	groupResigns := fs.Int("group-resigns", 0, "resigns of the group scenario (0: three per kill-and-join run)")
 	groupStanding := fs.Int("group-standing", 10000, "keys of the group scenario's standing cost (3 members; 0: skip)")
 	groupWindow := fs.Duration("group-window", time.Minute, "how long the group scenario measures the standing group's server CPU")
 	if err := fs.Parse(args); err != nil {
@@ -138,7 +142,12 @@ throwaway server.
 			case "dbload":
 				err = b.dbload(sizes, *loadLeaders, *loadWindow, *loadPairs)
 			case "group":
-				err = b.group(*groupKeys, *groupRuns, *groupStanding, *groupWindow)
+				resigns := *groupResigns
+				if resigns == 0 {
+					resigns = 3 * *groupRuns
+				}
+				b.groupSingle = *groupSingle
+				err = b.group(*groupKeys, *groupRuns, resigns, *groupStanding, *groupWindow)
 			default:
 				return usageError{fmt.Sprintf("unknown scenario %q", s)}
 			}

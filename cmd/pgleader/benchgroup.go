@@ -20,11 +20,13 @@ type groupFleet struct {
 	f     *fleet.Fleet
 	next  int
 	live  []string
-	owner map[string]string // key -> member, as the events arrive
+	owner map[string]string // key -> member, by the events' stamps
+	since map[string]int64  // key -> the stamp of its owner's election
 	// Every tenure, by key: elected and returned (or killed) stamps.
 	tenures map[string][]tenure
 	killed  map[string]int64 // member -> when it was SIGKILLed
 	last    fleet.Event      // the last event applied
+	log     []fleet.Event    // every event applied, in the order it arrived
 }
 
 type tenure struct {
@@ -35,7 +37,7 @@ type tenure struct {
 
 func (b *bencher) newGroupFleet(keys int, single bool) (*groupFleet, error) {
 	name := b.name("group")
-	g := &groupFleet{b: b, f: fleet.New(b.exe), owner: map[string]string{}, tenures: map[string][]tenure{}, killed: map[string]int64{},
+	g := &groupFleet{b: b, f: fleet.New(b.exe), owner: map[string]string{}, since: map[string]int64{}, tenures: map[string][]tenure{}, killed: map[string]int64{},
 		o: fleet.Options{DSN: b.dsn, Key: name, Keys: keys, SingleConnection: single}}
 	for range 3 {
 		if err := g.add(); err != nil {
@@ -64,9 +66,14 @@ func (g *groupFleet) add() error {
 // apply takes one event into the fleet's view.
 func (g *groupFleet) apply(e fleet.Event) {
 	g.last = e
+	g.log = append(g.log, e)
 	switch e.Ev {
 	case "elected":
-		g.owner[e.Data] = e.Identity
+		// Each process's events come through a pipe of its own, so an
+		// older election may arrive after a newer one: the stamp decides.
+		if e.Mono >= g.since[e.Data] {
+			g.owner[e.Data], g.since[e.Data] = e.Identity, e.Mono
+		}
 		g.tenures[e.Data] = append(g.tenures[e.Data], tenure{member: e.Identity, from: e.Mono})
 	case "returned":
 		ts := g.tenures[e.Data]
@@ -77,7 +84,7 @@ func (g *groupFleet) apply(e fleet.Event) {
 			}
 		}
 	case "demoted":
-		if g.owner[e.Data] == e.Identity {
+		if g.owner[e.Data] == e.Identity && e.Mono >= g.since[e.Data] {
 			delete(g.owner, e.Data)
 		}
 	}
@@ -164,13 +171,17 @@ func (g *groupFleet) overlaps() (n int, checked int) {
 // key resigned, with `keys` keys on 3 members at the default timings; then
 // the standing cost of `standing` keys on 3 members. Every tenure of the
 // run is checked for overlap at the end.
-func (b *bencher) group(keys, runs, standing int, window time.Duration) error {
+func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Duration) error {
 	interval := elector.DefaultRenewInterval
-	g, err := b.newGroupFleet(keys, false)
+	g, err := b.newGroupFleet(keys, b.groupSingle)
 	if err != nil {
 		return err
 	}
 	defer g.f.StopAll()
+	kind := ""
+	if b.groupSingle {
+		kind = ", SingleConnection"
+	}
 	var kills, kbal, joins, resigns []float64
 	for run := 0; run < runs; run++ {
 		// Settle: the last join's hand-overs and NOTIFYs are over.
@@ -222,11 +233,10 @@ func (b *bencher) group(keys, runs, standing int, window time.Duration) error {
 			return err
 		}
 		joiner := g.live[len(g.live)-1]
-		var j0 int64
 		if _, err := g.until(time.Minute, "the joiner's start", func() bool { return g.last.Ev == "started" && g.last.Identity == joiner }); err != nil {
 			return err
 		}
-		j0 = g.last.Mono
+		j0 := g.last.Mono
 		bal, err = g.balanced(time.Minute)
 		if err != nil {
 			return err
@@ -237,10 +247,11 @@ func (b *bencher) group(keys, runs, standing int, window time.Duration) error {
 	}
 	// Resigns: one key at a time, by its owner, to whichever member the
 	// assignment gives it.
-	for run := 0; run < runs*3; run++ {
+	for run := 0; run < resignRuns; run++ {
 		time.Sleep(200 * time.Millisecond)
 		g.drain()
 		m := g.live[run%len(g.live)]
+		from := len(g.log)
 		if err := g.f.Get(m).Send("resign"); err != nil {
 			return err
 		}
@@ -248,18 +259,28 @@ func (b *bencher) group(keys, runs, standing int, window time.Duration) error {
 			return err
 		}
 		r0, key := g.last.Mono, g.last.Data
-		at, err := g.until(time.Minute, "the resigned key's new leader", func() bool {
-			return g.last.Ev == "elected" && g.last.Data == key && g.last.Identity != m
-		})
-		if err != nil {
-			return err
+		// Each process's events come through a pipe of its own, so the
+		// new leader's may arrive before the resigning member's.
+		elected := func(e fleet.Event) bool { return e.Ev == "elected" && e.Data == key && e.Identity != m && e.Mono >= r0 }
+		var at int64
+		for _, e := range g.log[from:] {
+			if elected(e) {
+				at = e.Mono
+				break
+			}
+		}
+		if at == 0 {
+			var err error
+			if at, err = g.until(time.Minute, "the resigned key's new leader", func() bool { return elected(g.last) }); err != nil {
+				return err
+			}
 		}
 		resigns = append(resigns, ms(at-r0))
 	}
 	g.f.StopAll()
 	g.drain()
 	n, checked := g.overlaps()
-	b.add("group-kill", fmt.Sprintf("SIGKILL to the last of its keys led again (%d keys, 3 members)", keys), "ms", "p99 <= 1000", kills)
+	b.add("group-kill", fmt.Sprintf("SIGKILL to the last of its keys led again (%d keys, 3 members%s)", keys, kind), "ms", "p99 <= 1000", kills)
 	b.add("group-kill", "SIGKILL to balanced again", "intervals", "<= 3", kbal)
 	b.add("group-join", "a member's start to balanced (3 members)", "intervals", "<= 3", joins)
 	b.add("group-resign", "resign to the new member's OnElected", "ms", "p99 <= 5", resigns)
@@ -293,22 +314,65 @@ func (b *bencher) groupStanding(keys int, window time.Duration) error {
 	defer g.f.StopAll()
 	time.Sleep(3 * time.Second) // the takes and first rounds done
 	logs0 := b.srv.LogLinesOf("group-")
-	var x0 int64
-	b.admin.QueryRow(context.Background(), `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&x0)
-	began := time.Now()
+	s0, err := g.stats()
+	if err != nil {
+		return err
+	}
 	cpu := slices3()
-	var x1 int64
-	b.admin.QueryRow(context.Background(), `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&x1)
-	perMember := float64(x1-x0) / time.Since(began).Seconds() / 3
+	s1, err := g.stats()
+	if err != nil {
+		return err
+	}
+	// Round trips per member per second, from the members' own counts.
+	var full, light, watch []float64
+	for id, a := range s0 {
+		z := s1[id]
+		secs := float64(z.mono-a.mono) / 1e9
+		full = append(full, float64(z.rounds-a.rounds)/secs)
+		light = append(light, float64(z.light-a.light)/secs)
+		watch = append(watch, float64(z.watch-a.watch)/secs)
+	}
 	logs := b.srv.LogLinesOf("group-") - logs0
+	var watching int
+	b.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_temp.pgleader_ring(%' AND state = 'active'`).Scan(&watching)
 	g.drain()
+	b.add("group-standing", "crash watches waiting at the end of the window", "sessions", "3", []float64{float64(watching)})
 	b.add("group-standing", fmt.Sprintf("server CPU, %d keys on 3 members (idle server subtracted)", keys), "% core", "<= 5", []float64{100 * (cpu - idle)})
 	b.add("group-standing", "server CPU of the idle server, same window", "% core", "", []float64{100 * idle})
-	b.add("group-standing", "transactions per member per second (a round, a crash-watch wait, and the bench's own reads)", "xact/s", "", []float64{perMember})
+	b.add("group-standing", "full rounds per member per second (one round trip each)", "1/s", "1 (RenewInterval 1s)", full)
+	b.add("group-standing", "light rounds per member per second", "1/s", "0 while nothing moves", light)
+	b.add("group-standing", "crash-watch waits per member per second (each sleeps on the server)", "1/s", "", watch)
 	b.add("group-standing", fmt.Sprintf("server log lines from the group in %s", window), "lines", "0", []float64{float64(logs)})
-	fmt.Fprintf(b.out, "bench: group standing, %d keys: server CPU %.2f%% of a core (idle %.2f%%), %.2f transactions per member per second, %d log lines\n",
-		keys, 100*cpu, 100*idle, perMember, logs)
+	fmt.Fprintf(b.out, "bench: group standing, %d keys: server CPU %.2f%% of a core (idle %.2f%%), per member per second %.2f full rounds, %.2f light rounds, %.2f watch waits; %d log lines\n",
+		keys, 100*cpu, 100*idle, median(full), median(light), median(watch), logs)
 	return nil
+}
+
+// memberStats are a member's counts, as its "stats" event gives them.
+type memberStats struct {
+	mono                 int64
+	rounds, light, watch int64
+}
+
+// stats asks every live member for its counts.
+func (g *groupFleet) stats() (map[string]memberStats, error) {
+	out := map[string]memberStats{}
+	for _, id := range g.live {
+		if err := g.f.Get(id).Send("stats"); err != nil {
+			return nil, err
+		}
+	}
+	_, err := g.until(time.Minute, "every member's stats", func() bool {
+		if e := g.last; e.Ev == "stats" {
+			var heap, cpu int64
+			var s memberStats
+			fmt.Sscanf(e.Data, "%d %d %d %d %d", &heap, &cpu, &s.rounds, &s.light, &s.watch)
+			s.mono = e.Mono
+			out[e.Identity] = s
+		}
+		return len(out) == len(g.live)
+	})
+	return out, err
 }
 
 // postmaster returns the server's postmaster pid (0 when unknown).

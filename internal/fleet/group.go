@@ -74,7 +74,8 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 			case "stats":
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
-				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d", ms.HeapAlloc, proc.CPUTime())})
+				st := g.Status()
+				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d %d %d %d", ms.HeapAlloc, proc.CPUTime(), st.Rounds, st.LightRounds, st.WatchWaits)})
 			}
 		}
 		cancel()
