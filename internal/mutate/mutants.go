@@ -179,7 +179,7 @@ var mutants = []mutant{
 		"if _, busy := g.ending[k]; !held[k] && !busy {", "if !held[k] {",
 		"a group leads a key again while its previous OnElected still runs (before its OnDemoted)"},
 	{"group-lost-key-kept", "elector/group.go",
-		"\t\t\t\tg.end(k, t, leader.ErrLockLost)\n", "",
+		"\t\t\t\tg.end(k, t, leader.ErrLockLost)\n", "\t\t\t\t_ = t\n",
 		"a group does not demote a key whose lock its session no longer holds"},
 	{"elected-never-closed", "elector/tenure.go",
 		"\te.electedOnce.Do(func() { close(e.elected) })\n", "",
