@@ -560,3 +560,38 @@ func TestGroupLosesOneKey(t *testing.T) {
 		t.Fatal(bad)
 	}
 }
+
+// Keys two groups share are led by one member of one group at a time (the
+// lock decides; the other group's member simply never wins them while they
+// are held). A second member with an identity already in the group cannot
+// join while the first is there, and joins once it is gone.
+func TestGroupCollisions(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	a := startMember(t, srv.DSN(), t.Name()+"-a", "ca", keys, w)
+	eventually(t, "ca leads all 4", func() (bool, string) { return len(a.g.Owned()) == 4, fmt.Sprint(a.g.Owned()) })
+	b := startMember(t, srv.DSN(), t.Name()+"-b", "cb", keys[2:], w)
+	twin := startMember(t, srv.DSN(), t.Name()+"-a", "ca", keys, w)
+	// Several of b's and the twin's rounds: neither wins anything.
+	eventually(t, "b and the twin have tried for a while", func() (bool, string) {
+		st := b.g.Status()
+		return st.Rounds >= 5, fmt.Sprint(st.Rounds)
+	})
+	if got := b.g.Owned(); len(got) != 0 {
+		t.Fatalf("the other group's member leads %v while ca holds them", got)
+	}
+	if got := twin.g.Owned(); len(got) != 0 || twin.g.Status().Connected {
+		t.Fatalf("a second member named ca joined (connected %v) and leads %v", twin.g.Status().Connected, got)
+	}
+	if st := twin.g.Status(); !strings.Contains(st.LastError, "another session named") {
+		t.Fatalf("the twin's last error: %q", st.LastError)
+	}
+	// Once ca leaves, the twin joins; the shared keys go to whichever of
+	// the twin and cb tries first, and stay with it while it holds them.
+	a.stop()
+	eventually(t, "every key led once more, by the twin or cb", func() (bool, string) {
+		nb, nt := len(b.g.Owned()), len(twin.g.Owned())
+		return nb+nt == 4 && nt >= 2, fmt.Sprint(b.g.Owned(), twin.g.Owned())
+	})
+}
