@@ -460,6 +460,16 @@ func (g *Group) session(ctx context.Context) (err error) {
 		done := g.stopping && len(g.owned) == 0
 		g.mu.Unlock()
 		if done {
+			// Leave: free the member and roster locks, then tell the group
+			// (the NOTIFY goes out at commit, after the unlocks), so that
+			// the others take this member's keys' new shares at once
+			// rather than at their next full round.
+			lctx, cancel := context.WithTimeout(context.Background(), c.RenewDeadline)
+			_, err := conn.Exec(lctx, `SELECT pg_advisory_unlock_all(), pg_notify($1, $2)`, g.channel, "gone "+c.Identity)
+			cancel()
+			if err != nil {
+				g.log.Debug("leaving: could not tell the group", zap.Error(err))
+			}
 			return nil
 		}
 		next := began.Add(c.RenewInterval)

@@ -595,3 +595,36 @@ func TestGroupCollisions(t *testing.T) {
 		return nb+nt == 4 && nt >= 2, fmt.Sprint(b.g.Owned(), twin.g.Owned())
 	})
 }
+
+// A member that stops gracefully returns from Run without waiting out its
+// crash watch's lock wait (a cancel request ends it, caught in the watch's
+// function), and neither that nor anything else the group did is in the
+// server log.
+func TestGroupStopsPromptlyAndQuietly(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 6)
+	startMember(t, srv.DSN(), t.Name(), "quiet-a", keys, w)
+	b := startMember(t, srv.DSN(), t.Name(), "quiet-b", keys, w)
+	balanced(t, w, 6, 3, 3, "quiet-a", "quiet-b")
+	conn := mustConn(t, srv)
+	defer conn.Close(context.Background())
+	eventually(t, "both crash watches waiting", func() (bool, string) {
+		var n int
+		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'quiet-%' AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n == 2, fmt.Sprint(n, err)
+	})
+	began := time.Now()
+	b.stop()
+	took := time.Since(began)
+	t.Logf("Run returned %s after its context ended", took)
+	// The watch waits up to 0.8 s per call; the stop must not wait it out
+	// (a generous bound for a loaded machine, far under a second).
+	if took > 700*time.Millisecond {
+		t.Fatalf("Run took %s to return", took)
+	}
+	balanced(t, w, 6, 6, 6, "quiet-a")
+	if n := srv.LogLinesOf("quiet-"); n != 0 {
+		t.Fatalf("%d server log lines from the group's sessions:\n%s", n, srv.LogTail(20))
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,6 +66,11 @@ BEGIN
     PERFORM pg_notify(chan, 'gone ' || who);
   END IF;
   RETURN gone;
+EXCEPTION WHEN query_canceled THEN
+  -- The member stops: its cancel request ends the wait without an error
+  -- in the server log.
+  PERFORM pg_advisory_unlock_all();
+  RETURN false;
 END $f$`
 
 // ringNext returns the member after me in name order ("" when alone or
@@ -125,6 +131,27 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		wait = min(wait, sess.DeadlockTimeout*4/5)
 	}
 	wait = max(wait, time.Millisecond)
+	// Stopping cancels a wait in progress with a cancel request, which the
+	// function catches (no log line), so that Run returns at once rather
+	// than after the wait. Only a wait in progress is cancelled: a cancel
+	// that reached the idle backend would do nothing, and no call follows.
+	var mu sync.Mutex
+	inCall := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if inCall {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			conn.PgConn().CancelRequest(cctx)
+		}
+	})
+	defer func() {
+		stop()
+		// The cancel, if any, has been sent before the session closes.
+		mu.Lock()
+		mu.Unlock()
+	}()
 	for {
 		// Follow the latest target; with none, wait for one.
 		for drained := false; !drained; {
@@ -149,11 +176,24 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		// A wait is never cancelled (the server would log the cancel):
 		// it ends by itself within wait; the client-side deadline only
 		// catches a silent network.
+		mu.Lock()
+		if ctx.Err() != nil {
+			mu.Unlock()
+			return nil
+		}
+		inCall = true
+		mu.Unlock()
 		wctx, cancel := context.WithTimeout(context.Background(), wait+c.RenewDeadline)
 		var gone *bool
 		err := conn.QueryRow(wctx, `SELECT pg_temp.pgleader_ring($1, $2, $3, $4, $5)`,
 			lockconn.HeirClass, memberLock(c.Group, *target), int32(max(1, wait.Milliseconds())), g.channel, *target).Scan(&gone)
 		cancel()
+		mu.Lock()
+		inCall = false
+		mu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
 		g.mu.Lock()
 		g.stats.watchWaits++
 		g.mu.Unlock()
