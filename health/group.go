@@ -2,8 +2,6 @@ package health
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -28,15 +26,7 @@ type GroupChecker struct {
 // NewGroupChecker returns a GroupChecker for g.
 func NewGroupChecker(g *elector.Group, opts Options) *GroupChecker {
 	st := g.Status()
-	if opts.Tolerance == 0 {
-		opts.Tolerance = st.RenewInterval + time.Second
-	}
-	if opts.StallTimeout == 0 {
-		opts.StallTimeout = 2*st.LeaseDuration + st.ReleaseTimeout
-	}
-	if opts.Name == "" {
-		opts.Name = "pgleader-group"
-	}
+	opts.setDefaults(st.RenewInterval, st.LeaseDuration, st.ReleaseTimeout, "pgleader-group")
 	return &GroupChecker{g: g, opts: opts, now: time.Now}
 }
 
@@ -107,18 +97,7 @@ func (c *GroupChecker) Snapshot() GroupStatusJSON {
 // Handler serves /livez, /readyz and /status, and with AllowResign
 // POST /resign?key=NAME (Group.Resign of the key named NAME).
 func (c *GroupChecker) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/livez", probeHandler(c.Live))
-	mux.Handle("/readyz", probeHandler(c.Ready))
-	mux.Handle("/status", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		json.NewEncoder(w).Encode(c.Snapshot())
-	}))
-	if c.opts.AllowResign {
-		mux.Handle("/resign", c.ResignHandler())
-	}
-	return mux
+	return probeMux(c.Live, c.Ready, jsonHandler(func() any { return c.Snapshot() }), c.opts.AllowResign, c.ResignHandler())
 }
 
 // ResignHandler hands the key named by the query parameter key over, on
@@ -126,27 +105,15 @@ func (c *GroupChecker) Handler() http.Handler {
 // not lead it, 400 without a key, 405 for other methods.
 func (c *GroupChecker) ResignHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "use POST", http.StatusMethodNotAllowed)
-			return
-		}
 		name := r.URL.Query().Get("key")
-		if name == "" {
+		if name == "" && r.Method == http.MethodPost {
 			http.Error(w, "name the key: POST /resign?key=NAME", http.StatusBadRequest)
 			return
 		}
 		st := c.g.Status()
-		ctx, cancel := context.WithTimeout(r.Context(), st.ReleaseTimeout+st.RenewDeadline)
-		defer cancel()
-		switch err := c.g.Resign(ctx, leader.KeyFromName(name)); {
-		case errors.Is(err, leader.ErrNotLeader):
-			http.Error(w, "this member does not lead "+name, http.StatusConflict)
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		default:
-			w.Write([]byte("resigned\n"))
-		}
+		serveResign(w, r, st.ReleaseTimeout+st.RenewDeadline, "this member does not lead "+name, func(ctx context.Context) error {
+			return c.g.Resign(ctx, leader.KeyFromName(name))
+		})
 	})
 }
 

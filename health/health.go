@@ -83,16 +83,22 @@ type Checker struct {
 // NewChecker returns a Checker for e.
 func NewChecker(e *elector.Elector, opts Options) *Checker {
 	st := e.Status()
-	if opts.Tolerance == 0 {
-		opts.Tolerance = st.RenewInterval + time.Second
-	}
-	if opts.StallTimeout == 0 {
-		opts.StallTimeout = 2*st.LeaseDuration + st.ReleaseTimeout
-	}
-	if opts.Name == "" {
-		opts.Name = "pgleader"
-	}
+	opts.setDefaults(st.RenewInterval, st.LeaseDuration, st.ReleaseTimeout, "pgleader")
 	return &Checker{e: e, opts: opts, now: time.Now}
+}
+
+// setDefaults fills in the zero fields from an elector's or a group's
+// timings.
+func (o *Options) setDefaults(interval, lease, release time.Duration, name string) {
+	if o.Tolerance == 0 {
+		o.Tolerance = interval + time.Second
+	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = 2*lease + release
+	}
+	if o.Name == "" {
+		o.Name = name
+	}
 }
 
 // Live returns nil when the elector is alive, and an error wrapping
@@ -184,23 +190,54 @@ func (c *Checker) ReadyzHandler() http.Handler { return probeHandler(c.Ready) }
 
 // StatusHandler serves Snapshot as JSON.
 func (c *Checker) StatusHandler() http.Handler {
+	return jsonHandler(func() any { return c.Snapshot() })
+}
+
+// jsonHandler serves v() as JSON, never cached.
+func jsonHandler(v func() any) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		json.NewEncoder(w).Encode(c.Snapshot())
+		json.NewEncoder(w).Encode(v())
 	})
 }
 
 // Handler serves /livez, /readyz and /status.
 func (c *Checker) Handler() http.Handler {
+	return probeMux(c.Live, c.Ready, c.StatusHandler(), c.opts.AllowResign, c.ResignHandler())
+}
+
+// probeMux serves the probes, the status and, when allowed, /resign.
+func probeMux(live, ready func() error, status http.Handler, allowResign bool, resign http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/livez", c.LivezHandler())
-	mux.Handle("/readyz", c.ReadyzHandler())
-	mux.Handle("/status", c.StatusHandler())
-	if c.opts.AllowResign {
-		mux.Handle("/resign", c.ResignHandler())
+	mux.Handle("/livez", probeHandler(live))
+	mux.Handle("/readyz", probeHandler(ready))
+	mux.Handle("/status", status)
+	if allowResign {
+		mux.Handle("/resign", resign)
 	}
 	return mux
+}
+
+// serveResign answers a resign request: only POST, bounded by timeout;
+// 200 "resigned" once resign returned, 409 with notLeader when this
+// process does not lead.
+func serveResign(w http.ResponseWriter, r *http.Request, timeout time.Duration, notLeader string, resign func(context.Context) error) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "use POST", http.StatusMethodNotAllowed)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	switch err := resign(ctx); {
+	case errors.Is(err, leader.ErrNotLeader):
+		http.Error(w, notLeader, http.StatusConflict)
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+	default:
+		w.Write([]byte("resigned\n"))
+	}
 }
 
 // ResignHandler steps the elector down on POST (200 "resigned" once
@@ -208,21 +245,8 @@ func (c *Checker) Handler() http.Handler {
 // Handler serves it at /resign only with Options.AllowResign.
 func (c *Checker) ResignHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "use POST", http.StatusMethodNotAllowed)
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), c.e.Status().ReleaseTimeout+c.e.Status().RenewDeadline)
-		defer cancel()
-		switch err := c.e.Resign(ctx); {
-		case errors.Is(err, leader.ErrNotLeader):
-			http.Error(w, "not the leader", http.StatusConflict)
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		default:
-			w.Write([]byte("resigned\n"))
-		}
+		st := c.e.Status()
+		serveResign(w, r, st.ReleaseTimeout+st.RenewDeadline, "not the leader", c.e.Resign)
 	})
 }
 

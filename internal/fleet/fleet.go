@@ -108,31 +108,43 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 	if err != nil {
 		return err
 	}
+	return serveCommands(ctx, o.ID, in, em, e.Run, func(ctx context.Context) { e.Resign(ctx) }, nil)
+}
+
+// serveCommands runs run until stdin says "exit" or closes, or ctx ends,
+// between a "started" and an "exited" event. It answers "resign" with
+// resign, and "stats" with a stats event: the heap, the process's CPU,
+// then stats' fields, if any.
+func serveCommands(ctx context.Context, id string, in io.Reader, em *Emitter, run func(context.Context) error,
+	resign func(context.Context), stats func() string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	em.Emit(Event{Ev: "started", Identity: o.ID, Data: strconv.Itoa(os.Getpid())})
+	go func() { done <- run(ctx) }()
+	em.Emit(Event{Ev: "started", Identity: id, Data: strconv.Itoa(os.Getpid())})
 	go func() {
 		sc := bufio.NewScanner(in)
 		for sc.Scan() {
 			switch sc.Text() {
 			case "resign":
-				e.Resign(ctx)
+				resign(ctx)
 			case "exit":
 				cancel()
 				return
 			case "stats":
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
-				cpu := proc.CPUTime()
-				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d", ms.HeapAlloc, cpu)})
+				data := fmt.Sprintf("%d %d", ms.HeapAlloc, proc.CPUTime())
+				if stats != nil {
+					data += " " + stats()
+				}
+				em.Emit(Event{Ev: "stats", Identity: id, Data: data})
 			}
 		}
 		cancel()
 	}()
-	err = <-done
-	em.Emit(Event{Ev: "exited", Identity: o.ID, Err: fmt.Sprint(err)})
+	err := <-done
+	em.Emit(Event{Ev: "exited", Identity: id, Err: fmt.Sprint(err)})
 	return err
 }
 

@@ -1,16 +1,11 @@
 package fleet
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"runtime"
-	"strconv"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/proc"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -54,33 +49,15 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	em.Emit(Event{Ev: "started", Identity: o.ID, Data: strconv.Itoa(os.Getpid())})
-	go func() {
-		sc := bufio.NewScanner(in)
-		for sc.Scan() {
-			switch sc.Text() {
-			case "resign":
-				if owned := g.Owned(); len(owned) > 0 {
-					em.Emit(Event{Ev: "resigning", Identity: o.ID, Data: owned[0].Name()})
-					go g.Resign(ctx, owned[0])
-				}
-			case "exit":
-				cancel()
-				return
-			case "stats":
-				var ms runtime.MemStats
-				runtime.ReadMemStats(&ms)
-				st := g.Status()
-				em.Emit(Event{Ev: "stats", Identity: o.ID, Data: fmt.Sprintf("%d %d %d %d %d", ms.HeapAlloc, proc.CPUTime(), st.Rounds, st.LightRounds, st.WatchWaits)})
-			}
+	resign := func(ctx context.Context) {
+		if owned := g.Owned(); len(owned) > 0 {
+			em.Emit(Event{Ev: "resigning", Identity: o.ID, Data: owned[0].Name()})
+			go g.Resign(ctx, owned[0])
 		}
-		cancel()
-	}()
-	err = <-done
-	em.Emit(Event{Ev: "exited", Identity: o.ID, Err: fmt.Sprint(err)})
-	return err
+	}
+	stats := func() string {
+		st := g.Status()
+		return fmt.Sprintf("%d %d %d", st.Rounds, st.LightRounds, st.WatchWaits)
+	}
+	return serveCommands(ctx, o.ID, in, em, g.Run, resign, stats)
 }
