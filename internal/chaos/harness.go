@@ -64,10 +64,11 @@ type Report struct {
 	Writes     int64
 	Stale      int64
 	// ServerEnded counts overlaps where the server ended the old leader's
-	// session (pg_terminate_backend, a cut connection): the lock is free
-	// at once, and the old leader learns it from its socket a moment
-	// later. Only fencing can order those moments; MaxServerEnded is the
-	// longest such overlap.
+	// session (pg_terminate_backend, a cut connection) or lost its locks (a
+	// restart, a failover): the lock is free at once, and the old leader
+	// learns it a moment later, or at the end of its trust window when it
+	// was cut off at that moment. Only fencing can order those moments;
+	// MaxServerEnded is the longest such overlap.
 	ServerEnded    int
 	MaxServerEnded time.Duration
 	Tenures        int
@@ -674,10 +675,26 @@ func (h *harness) measureFailover(tenures []tenure) {
 	}
 }
 
+// serverEnded bounds, per fault, the overlap that only fencing can order:
+// the lock is gone on the server before the old leader can know it.
+//   - terminate, cut: the server (or the network) ends the old leader's
+//     session; the old leader reads the end from its socket a moment later.
+//   - failover, restart-fast, restart-immediate, refuse: the server's locks
+//     are gone with it (a promoted standby has none). A leader that sees its
+//     connection break learns it at once; one cut off from the server at that
+//     moment (a follower fault on it, in a group where every member leads)
+//     learns it only when its trust window ends, RenewDeadline after its
+//     last renew, while a candidate on the new primary can win at once.
+var serverEnded = map[string]time.Duration{
+	"terminate": 200 * time.Millisecond, "cut": 200 * time.Millisecond,
+	"failover": Deadline + 200*time.Millisecond, "restart-fast": Deadline + 200*time.Millisecond,
+	"restart-immediate": Deadline + 200*time.Millisecond, "refuse": Deadline + 200*time.Millisecond,
+}
+
 // checkSafety: no tenure starts before the previous one ended, except when
-// the server itself ended the old leader's session (terminate, cut): the
-// lock is free at once and the old leader learns it a moment later, an
-// overlap that only fencing orders (counted, up to 200ms).
+// the server ended the old leader's session or lost its locks (see
+// serverEnded): an overlap that only fencing orders, counted, and checked
+// by checkWrites.
 func (h *harness) checkSafety(tenures []tenure) {
 	r := h.report
 	var maxEnd int64
@@ -685,7 +702,7 @@ func (h *harness) checkSafety(tenures []tenure) {
 	for i, t := range tenures {
 		if i > 0 && t.start < maxEnd {
 			overlap := time.Duration(maxEnd - t.start)
-			if f := h.faultBefore(t.start); (f == "terminate" || f == "cut") && overlap < 200*time.Millisecond {
+			if f := h.faultBefore(t.start); serverEnded[f] > 0 && overlap < serverEnded[f] {
 				r.ServerEnded++
 				r.MaxServerEnded = max(r.MaxServerEnded, overlap)
 			} else {
@@ -778,7 +795,7 @@ func (r *Report) Summary() string {
 		fmt.Fprintf(&b, "group of %d keys: every check per key; liveness means every key led\n", r.Keys)
 	}
 	fmt.Fprintf(&b, "chaos seed %d: %d tenures, %d fenced writes accepted, %d stale accepted\n", r.Seed, r.Tenures, r.Writes, r.Stale)
-	fmt.Fprintf(&b, "server-ended sessions overlapping the next leader (fenced): %d, longest %s\n", r.ServerEnded, r.MaxServerEnded)
+	fmt.Fprintf(&b, "sessions or locks the server ended under a leader, overlapping the next one (fenced): %d, longest %s\n", r.ServerEnded, r.MaxServerEnded)
 	fmt.Fprintf(&b, "slow drains (OnElected working 2-3 leases past its context, fenced writes throughout): %d\n", r.Drains)
 	if r.HistoryTerms != nil {
 		var reasons []string
