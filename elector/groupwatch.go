@@ -173,9 +173,9 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 				return nil
 			}
 		}
-		// A wait is never cancelled (the server would log the cancel):
-		// it ends by itself within wait; the client-side deadline only
-		// catches a silent network.
+		// A wait ends by itself within wait, or by the cancel request a
+		// stop sends (caught in the function); the client-side deadline
+		// only catches a silent network.
 		mu.Lock()
 		if ctx.Err() != nil {
 			mu.Unlock()
