@@ -65,3 +65,25 @@ func ExampleChecker_LiveFunc() {
 	fmt.Println(check(context.Background()))
 	// Output: <nil>
 }
+
+// Probes for a member of an elector.Group: alive while its loop runs,
+// ready always (every member serves), and POST /resign?key=NAME to hand
+// one key over.
+func ExampleNewGroupChecker() {
+	g, err := elector.NewGroup(elector.GroupConfig{
+		Connect:   elector.DSN("postgres://app@db.internal/app"),
+		Group:     "tenant-schedulers",
+		Keys:      []leader.Key{leader.KeyFromName("scheduler/acme"), leader.KeyFromName("scheduler/globex")},
+		Identity:  "scheduler-7f9c",
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+	})
+	if err != nil {
+		panic(err)
+	}
+	checker := health.NewGroupChecker(g, health.Options{AllowResign: true})
+	http.Handle("/", checker.Handler()) // /livez, /readyz, /status, /resign
+	// go g.Run(ctx); http.ListenAndServe(":8080", nil)
+	fmt.Println(checker.Live(), checker.Ready(), checker.Snapshot().Keys)
+	// Output:
+	// <nil> <nil> 2
+}

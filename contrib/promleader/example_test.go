@@ -27,3 +27,22 @@ func Example() {
 	fmt.Println(e != nil, err)
 	// Output: true <nil>
 }
+
+// Metrics for an elector.Group: the collector reads the group's Status at
+// each scrape, so a group of any size costs a few series.
+func ExampleNewGroupCollector() {
+	g, err := elector.NewGroup(elector.GroupConfig{
+		Connect:   elector.DSN("postgres://app@db.internal/app"),
+		Group:     "tenant-schedulers",
+		Keys:      []leader.Key{leader.KeyFromName("scheduler/acme"), leader.KeyFromName("scheduler/globex")},
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+	})
+	if err != nil {
+		panic(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(promleader.NewGroupCollector(g))
+	families, err := reg.Gather()
+	fmt.Println(len(families), err)
+	// Output: 7 <nil>
+}
