@@ -37,7 +37,7 @@ type groupMember struct {
 // lists their members and counts the keys each leads; it sets Group on
 // those keys' entries in locks.
 func readGroups(ctx context.Context, conn *pgx.Conn, locks []*lockStatus) ([]*groupView, error) {
-	rows, err := conn.Query(ctx, `SELECT query FROM pg_stat_activity
+	rows, err := conn.Query(ctx, `SELECT coalesce(query, '') FROM pg_stat_activity
 WHERE datid = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) AND query LIKE 'SELECT ''pgleader group v1 %'`)
 	if err != nil {
 		return nil, err
