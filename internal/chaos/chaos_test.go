@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,6 +78,26 @@ func TestCheckerCatchesBrokenElector(t *testing.T) {
 	for _, v := range r.Violations {
 		safety = safety || len(v) > 6 && v[:6] == "safety"
 		fencing = fencing || len(v) > 7 && v[:7] == "fencing"
+	}
+	if !safety || !fencing {
+		t.Fatalf("want safety and fencing violations, got:\n%s", fmt.Sprint(r.Violations))
+	}
+}
+
+// The group mode's checker must be able to fail too: a member that takes
+// keys once and never checks them keeps "leading" them after its session
+// is terminated, while real members take them over, and it writes with its
+// stale terms.
+func TestCheckerCatchesBrokenGroupMember(t *testing.T) {
+	r := Run(t, Config{Seed: 1, Duration: 6 * time.Second, Electors: 2, Broken: 1, Faults: []string{"terminate"}, Group: true, Keys: 10})
+	t.Log("\n" + r.Summary())
+	if r.OK() {
+		t.Fatal("the checker passed a broken group member")
+	}
+	safety, fencing := false, false
+	for _, v := range r.Violations {
+		safety = safety || strings.HasPrefix(v, "safety")
+		fencing = fencing || strings.HasPrefix(v, "fencing")
 	}
 	if !safety || !fencing {
 		t.Fatalf("want safety and fencing violations, got:\n%s", fmt.Sprint(r.Violations))

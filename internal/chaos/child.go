@@ -75,6 +75,8 @@ func ChildMain(role string) int {
 		return brokenMain(ctx, em, dsn, id, key)
 	case RoleGroup:
 		return groupMain(ctx, em, dsn, id, &drain, &groupResign)
+	case RoleGroupBroken:
+		return brokenGroupMain(ctx, em, dsn, id)
 	}
 	e, err := elector.New(elector.Config{
 		Connect: elector.DSN(dsn), Key: key, Identity: id,

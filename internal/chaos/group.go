@@ -18,8 +18,12 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-// RoleGroup is a member of an elector.Group (Config.Group).
-const RoleGroup = "chaos-group"
+// RoleGroup is a member of an elector.Group (Config.Group);
+// RoleGroupBroken is a broken one, which the checker must catch.
+const (
+	RoleGroup       = "chaos-group"
+	RoleGroupBroken = "chaos-group-broken"
+)
 
 const groupWritesDDL = `CREATE TABLE IF NOT EXISTS chaos_group_writes (id bigserial PRIMARY KEY, key text NOT NULL, term bigint NOT NULL, seq bigint NOT NULL, writer text NOT NULL)`
 
@@ -161,4 +165,50 @@ func groupWriter(ctx context.Context, dsn string, mu *sync.Mutex, active map[str
 		case <-time.After(30 * time.Millisecond):
 		}
 	}
+}
+
+// brokenGroupMain is a "member" that takes every key it can once and then
+// believes it leads them for ever: no renew, no check, unfenced writes
+// under the terms it claimed.
+func brokenGroupMain(ctx context.Context, em *testpg.Emitter, dsn, id string) int {
+	group := os.Getenv("CHAOS_KEY")
+	n, _ := strconv.Atoi(os.Getenv("CHAOS_KEYS"))
+	conn, err := pgx.Connect(ctx, dsn+"&application_name="+id)
+	if err != nil {
+		return 1
+	}
+	defer conn.Close(context.Background())
+	type claim struct {
+		name string
+		term int64
+	}
+	var claims []claim
+	for i := range n {
+		k := leader.KeyFromName(groupKeyName(group, i))
+		args, vals := k.SQLArgs(1)
+		var ok bool
+		if conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+args+")", vals...).Scan(&ok) != nil || !ok {
+			continue
+		}
+		c, o, sub := k.LockTag()
+		var term int64
+		conn.QueryRow(ctx, `INSERT INTO pgleader_terms VALUES ($1, $2, $3, $4, 1, $5, now())
+			ON CONFLICT (classid, objid, objsubid) DO UPDATE SET term = pgleader_terms.term + 1 RETURNING term`,
+			c, o, sub, k.String(), id).Scan(&term)
+		claims = append(claims, claim{k.Name(), term})
+		em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: term, Data: k.Name()})
+	}
+	w, err := pgx.Connect(ctx, dsn)
+	for seq := 0; err == nil && ctx.Err() == nil; seq++ {
+		for _, c := range claims {
+			w.Exec(ctx, `INSERT INTO chaos_group_writes (key, term, seq, writer) VALUES ($1, $2, $3, $4)`, c.name, c.term, seq, id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if w != nil {
+		w.Close(context.Background())
+	}
+	<-ctx.Done()
+	em.Emit(testpg.Event{Ev: "exited", Identity: id})
+	return 0
 }

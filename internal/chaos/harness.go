@@ -147,7 +147,11 @@ func Run(t testing.TB, cfg Config) *Report {
 	// Broken electors start first and take the lock, so that the checker
 	// has something to catch; real electors then queue behind them.
 	for i := 0; i < cfg.Broken; i++ {
-		p := h.spawn(RoleBroken)
+		role := RoleBroken
+		if cfg.Group {
+			role = RoleGroupBroken
+		}
+		p := h.spawn(role)
 		if i == 0 {
 			if _, err := p.child.WaitTimeout("elected", 30*time.Second); err != nil {
 				t.Fatalf("broken elector: %v", err)
