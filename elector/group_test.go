@@ -628,3 +628,70 @@ func TestGroupStopsPromptlyAndQuietly(t *testing.T) {
 		t.Fatalf("%d server log lines from the group's sessions:\n%s", n, srv.LogTail(20))
 	}
 }
+
+// A member that dies right after it joined is noticed at once: its
+// predecessor's watch moves to it as soon as a round names it, rather than
+// after the wait on its old target ends.
+func TestGroupCrashWatchFollowsJoins(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 30)
+	slow := func(id string, connect elector.Connector) elector.GroupConfig {
+		return elector.GroupConfig{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+			RenewInterval: 3 * time.Second, RenewDeadline: 6 * time.Second, LeaseDuration: 10 * time.Second, Logger: testLogger(t, nil)}
+	}
+	// A long deadlock_timeout makes each watch wait 6 s (RenewDeadline):
+	// without following the join, j2's watch would stay on j1 that long.
+	dsn := srv.DSN() + "&options=-c%20deadlock_timeout%3D10s"
+	runMember(t, slow("j1", elector.DSN(dsn)))
+	runMember(t, slow("j2", elector.DSN(dsn)))
+	balanced(t, w, 30, 15, 15, "j1", "j2")
+	conn := mustConn(t, srv)
+	defer conn.Close(context.Background())
+	// j1 and j2 watch each other; j3 joins between them in the ring
+	// (j2 -> j3 -> j1), so j2's watch must move to j3.
+	eventually(t, "both watches waiting", func() (bool, string) {
+		var n int
+		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'j_' AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n == 2, fmt.Sprint(n, err)
+	})
+	var conns atomic.Int32
+	runMember(t, slow("j3", elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+		if conns.Add(1) > 2 {
+			return nil, errors.New("this member stays down")
+		}
+		return srv.Connect(ctx)
+	})))
+	balanced(t, w, 30, 10, 10, "j1", "j2", "j3")
+	// j2's watch moved to j3 (a cancel request ended its wait on j1), and
+	// j3's own watch waits on j1.
+	joined := time.Now()
+	eventually(t, "j2's watch waits on j3", func() (bool, string) {
+		var n int
+		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+WHERE a.application_name = 'j2' AND l.locktype = 'advisory' AND NOT l.granted AND l.objid = (
+  SELECT objid FROM pg_locks l2 JOIN pg_stat_activity a2 USING (pid) WHERE a2.application_name = 'j3' AND l2.locktype = 'advisory' AND l2.granted AND l2.mode = 'ExclusiveLock' AND l2.classid = l.classid AND l2.objsubid = 2)`).Scan(&n)
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+	if moved := time.Since(joined); moved > 2*time.Second {
+		t.Fatalf("j2's watch moved to j3 only %s after the join", moved)
+	}
+	w.mu.Lock()
+	w.faulted["j3"] = true
+	w.mu.Unlock()
+	killed := time.Now()
+	if _, err := conn.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'j3'"); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, 30, 15, 15, "j1", "j2")
+	took := time.Since(killed)
+	t.Logf("j3's keys led again %s after its death (rounds every 3s)", took)
+	if took > 2*time.Second {
+		t.Fatalf("took %s: the watch did not follow the join", took)
+	}
+	// The survivors' sessions, j2's watch whose wait was cancelled among
+	// them, logged nothing (j3's lines are its termination's).
+	if n := srv.LogLinesOf("j1") + srv.LogLinesOf("j2"); n != 0 {
+		t.Fatalf("%d server log lines from the survivors' sessions:\n%s", n, srv.LogTail(20))
+	}
+}

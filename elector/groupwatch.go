@@ -183,6 +183,24 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		}
 		inCall = true
 		mu.Unlock()
+		// A new target (the members changed) ends the wait the same way,
+		// so that the new successor is watched at once.
+		callDone, moved, finished := make(chan struct{}), make(chan string, 1), make(chan struct{})
+		go func() {
+			defer close(finished)
+			select {
+			case t := <-targets:
+				moved <- t
+				mu.Lock()
+				defer mu.Unlock()
+				if inCall {
+					cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					defer cancel()
+					conn.PgConn().CancelRequest(cctx)
+				}
+			case <-callDone:
+			}
+		}()
 		wctx, cancel := context.WithTimeout(context.Background(), wait+c.RenewDeadline)
 		var gone *bool
 		err := conn.QueryRow(wctx, `SELECT pg_temp.pgleader_ring($1, $2, $3, $4, $5)`,
@@ -191,6 +209,14 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		mu.Lock()
 		inCall = false
 		mu.Unlock()
+		close(callDone)
+		<-finished
+		retargeted := false
+		select {
+		case t := <-moved:
+			*target, retargeted = t, true
+		default:
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -203,7 +229,7 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		if gone == nil {
 			return fmt.Errorf("crash watch: %w", leader.ErrStandby)
 		}
-		if *gone {
+		if *gone && !retargeted {
 			g.log.Debug("crash watch: a member is gone", zap.String("member", *target))
 			// Watch it again only once a round named the next target.
 			*target = ""
