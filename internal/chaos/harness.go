@@ -681,8 +681,9 @@ func (h *harness) measureFailover(tenures []tenure) {
 
 // serverEnded bounds, per fault, the overlap that only fencing can order:
 // the lock is gone on the server before the old leader can know it.
-//   - terminate, cut: the server (or the network) ends the old leader's
-//     session; the old leader reads the end from its socket a moment later.
+//   - terminate, cut, follower-cut: the server (or the network) ends the
+//     session of that fault's target (in a group a "follower" leads keys
+//     too); it reads the end from its socket a moment later.
 //   - failover, restart-fast, restart-immediate, refuse: the server's locks
 //     are gone with it (a promoted standby has none). A leader that sees its
 //     connection break learns it at once; one cut off from the server at that
@@ -690,7 +691,7 @@ func (h *harness) measureFailover(tenures []tenure) {
 //     learns it only when its trust window ends, RenewDeadline after its
 //     last renew, while a candidate on the new primary can win at once.
 var serverEnded = map[string]time.Duration{
-	"terminate": 200 * time.Millisecond, "cut": 200 * time.Millisecond,
+	"terminate": 200 * time.Millisecond, "cut": 200 * time.Millisecond, "follower-cut": 200 * time.Millisecond,
 	"failover": Deadline + 200*time.Millisecond, "restart-fast": Deadline + 200*time.Millisecond,
 	"restart-immediate": Deadline + 200*time.Millisecond, "refuse": Deadline + 200*time.Millisecond,
 }
@@ -706,11 +707,11 @@ func (h *harness) checkSafety(tenures []tenure) {
 	for i, t := range tenures {
 		if i > 0 && t.start < maxEnd {
 			overlap := time.Duration(maxEnd - t.start)
-			if f := h.faultBefore(t.start); serverEnded[f] > 0 && overlap < serverEnded[f] {
+			if f := h.serverEndedBefore(t.start, maxID, overlap); f != "" {
 				r.ServerEnded++
 				r.MaxServerEnded = max(r.MaxServerEnded, overlap)
 			} else {
-				h.violate("safety: %s (term %d%s) elected %s before %s stepped down (last fault: %s)", t.id, t.term, keyNote(t.key), overlap, maxID, f)
+				h.violate("safety: %s (term %d%s) elected %s before %s stepped down (last fault: %s)", t.id, t.term, keyNote(t.key), overlap, maxID, h.faultBefore(t.start))
 				if len(r.history) == 0 {
 					h.history(t.start)
 				}
@@ -763,6 +764,37 @@ func (h *harness) checkSessions(conn *pgx.Conn) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// serverEndedBefore names a fault, injected in the 5 s before mono, that
+// explains an overlap with a tenure of member as a server-ended one (see
+// serverEnded): a server-wide one (a restart, a failover), or one aimed at
+// member's own sessions. "" when none does.
+func (h *harness) serverEndedBefore(mono int64, member string, overlap time.Duration) string {
+	for _, e := range h.faultLog {
+		if e.Mono > mono || time.Duration(mono-e.Mono) > 5*time.Second {
+			continue
+		}
+		kind, ok := strings.CutPrefix(e.Ev, "fault:")
+		if !ok {
+			if kind, ok = strings.CutPrefix(e.Ev, "fault2:"); !ok {
+				continue
+			}
+		}
+		bound := serverEnded[kind]
+		if bound == 0 || overlap >= bound {
+			continue
+		}
+		switch kind {
+		case "terminate", "cut", "follower-cut":
+			if e.Identity == member {
+				return kind
+			}
+		default:
+			return kind
+		}
+	}
+	return ""
 }
 
 // faultBefore names the last fault injected before mono.
