@@ -1188,8 +1188,16 @@ func (g *Group) end(k tagKey, t *groupTerm, reason error) {
 // demoteAll ends every tenure when the session ends: after a fault the
 // locks are gone with it.
 func (g *Group) demoteAll(err error) {
-	if err == nil {
+	switch {
+	case err == nil:
 		err = leader.ErrConnectionLost
+	case errors.Is(err, leader.ErrConnectionLost), errors.Is(err, leader.ErrRenewDeadline), errors.Is(err, leader.ErrStandby),
+		errors.Is(err, leader.ErrTransactionPooling), errors.Is(err, leader.ErrLockLost), errors.Is(err, leader.ErrNoTermsTable),
+		errors.Is(err, leader.ErrReadOnly), errors.Is(err, ErrLockTable), errors.Is(err, context.Canceled):
+	default:
+		// Anything else on the wire (a server shutting down sends FATAL
+		// 57P01 to a statement in flight) ended the session.
+		err = fmt.Errorf("%w: %w", leader.ErrConnectionLost, err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -248,14 +248,30 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 		return err
 	}
 	if _, err := br.Exec(); err != nil {
-		return err
+		return lostAfterCheck(err)
 	}
 	if !l.quiet {
 		if _, err := br.Exec(); err != nil {
-			return err
+			return lostAfterCheck(err)
 		}
 	}
-	return br.Close()
+	return lostAfterCheck(br.Close())
+}
+
+// lostAfterCheck names an error that came after a batch's check succeeded:
+// the session ended under it (a server shutting down sends FATAL 57P01),
+// or the deadline passed.
+func lostAfterCheck(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", ErrRenewDeadline, err)
+	case Pooling(err) != err:
+		return Pooling(err)
+	default:
+		return fmt.Errorf("%w: %w", ErrConnectionLost, err)
+	}
 }
 
 // Renew asks whether this session's backend holds the lock: nil when it
