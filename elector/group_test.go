@@ -382,6 +382,25 @@ func TestGroupSilentMember(t *testing.T) {
 	balanced(t, w, 12, 6, 6, "sa", "sb")
 }
 
+// slowMember configures a member whose rounds are 3 s apart: a takeover
+// well inside one interval can only come from the crash watch.
+func slowMember(t *testing.T, w *groupWatch, keys []leader.Key, id string, connect elector.Connector) elector.GroupConfig {
+	return elector.GroupConfig{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+		RenewInterval: 3 * time.Second, RenewDeadline: 6 * time.Second, LeaseDuration: 10 * time.Second, Logger: testLogger(t, nil)}
+}
+
+// connectTwice connects a member's session and its watch, then never
+// again: the member stays dead once killed.
+func connectTwice(srv *testpg.Server) elector.Connector {
+	var conns atomic.Int32
+	return elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+		if conns.Add(1) > 2 {
+			return nil, errors.New("this member stays down")
+		}
+		return srv.Connect(ctx)
+	})
+}
+
 // A member that dies is noticed at once, not at the survivors' next round:
 // the crash watch of the member before it in the ring waits on its member
 // lock and tells the group. The rounds here are 3 s apart, so a takeover
@@ -391,20 +410,11 @@ func TestGroupCrashWatch(t *testing.T) {
 	w := newGroupWatch(t)
 	keys := groupKeys(t.Name(), 30)
 	slow := func(id string, connect elector.Connector) elector.GroupConfig {
-		return elector.GroupConfig{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
-			RenewInterval: 3 * time.Second, RenewDeadline: 6 * time.Second, LeaseDuration: 10 * time.Second, Logger: testLogger(t, nil)}
+		return slowMember(t, w, keys, id, connect)
 	}
 	runMember(t, slow("w1", elector.DSN(srv.DSN())))
 	runMember(t, slow("w2", elector.DSN(srv.DSN())))
-	// w3 connects twice (its session and its watch), then never again: it
-	// stays dead once killed.
-	var conns atomic.Int32
-	runMember(t, slow("w3", elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
-		if conns.Add(1) > 2 {
-			return nil, errors.New("this member stays down")
-		}
-		return srv.Connect(ctx)
-	})))
+	runMember(t, slow("w3", connectTwice(srv)))
 	balanced(t, w, 30, 10, 10, "w1", "w2", "w3")
 	// Let every watch settle on its target (a round after the last join).
 	eventually(t, "every watch waiting", func() (bool, string) {
@@ -637,8 +647,7 @@ func TestGroupCrashWatchFollowsJoins(t *testing.T) {
 	w := newGroupWatch(t)
 	keys := groupKeys(t.Name(), 30)
 	slow := func(id string, connect elector.Connector) elector.GroupConfig {
-		return elector.GroupConfig{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
-			RenewInterval: 3 * time.Second, RenewDeadline: 6 * time.Second, LeaseDuration: 10 * time.Second, Logger: testLogger(t, nil)}
+		return slowMember(t, w, keys, id, connect)
 	}
 	// A long deadlock_timeout makes each watch wait 6 s (RenewDeadline):
 	// without following the join, j2's watch would stay on j1 that long.
@@ -655,13 +664,7 @@ func TestGroupCrashWatchFollowsJoins(t *testing.T) {
 		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'j_' AND wait_event_type = 'Lock'`).Scan(&n)
 		return err == nil && n == 2, fmt.Sprint(n, err)
 	})
-	var conns atomic.Int32
-	runMember(t, slow("j3", elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
-		if conns.Add(1) > 2 {
-			return nil, errors.New("this member stays down")
-		}
-		return srv.Connect(ctx)
-	})))
+	runMember(t, slow("j3", connectTwice(srv)))
 	balanced(t, w, 30, 10, 10, "j1", "j2", "j3")
 	// j2's watch moved to j3 (a cancel request ended its wait on j1), and
 	// j3's own watch waits on j1.
