@@ -274,13 +274,21 @@ func (e *Elector) Run(ctx context.Context) error {
 		attempt, delay := r.next(served, err)
 		r.log(e.log, attempt, delay, err)
 		e.obs.Reconnecting(e.cfg.Key, e.cfg.Identity, attempt, delay, err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, delay) {
 			return nil
-		case <-t.C:
 		}
+	}
+}
+
+// sleepCtx waits d, or until ctx ends; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -121,8 +121,10 @@ type Group struct {
 	log     *zap.Logger
 	roster  int32
 	channel string
-	ran     atomic.Bool
-	wake    chan struct{}
+	// myChannel is this member's own channel (see heirChannel).
+	myChannel string
+	ran       atomic.Bool
+	wake      chan struct{}
 
 	wg sync.WaitGroup // every OnElected and OnDemoted goroutine
 
@@ -154,6 +156,9 @@ type Group struct {
 	// pending are resigns told to their heirs, for the group with the
 	// next full round.
 	pending []string
+	// markerSQL is the marker prepared on the current session (the
+	// session loop's alone).
+	markerSQL string
 
 	stats groupStats
 	// testRound runs before each full round (tests only; see export_test.go).
@@ -210,6 +215,7 @@ func NewGroup(cfg GroupConfig) (*Group, error) {
 	}
 	g.roster = rosterObj(cfg.Group)
 	g.channel = fmt.Sprintf("pgleader.group.%d", uint32(g.roster))
+	g.myChannel = g.heirChannel(cfg.Identity)
 	g.log = cfg.Logger.With(zap.String("group", cfg.Group), zap.String("identity", cfg.Identity))
 	if cfg.Fencing.Enabled {
 		q, _ := terms.Quote(cfg.Fencing.Table)
@@ -365,12 +371,8 @@ func (g *Group) Run(ctx context.Context) error {
 		}
 		attempt, delay := r.next(time.Since(began), err)
 		r.log(g.log, attempt, delay, err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, delay) {
 			return nil
-		case <-t.C:
 		}
 	}
 }
@@ -402,6 +404,7 @@ func (g *Group) session(ctx context.Context) (err error) {
 	if err := g.prepare(sctx, conn); err != nil {
 		return fmt.Errorf("session setup: %w", err)
 	}
+	g.markerSQL = ""
 	if c.Fencing.Enabled {
 		if err := terms.Ensure(sctx, conn, c.Fencing.Table, !c.Fencing.NoCreate); err != nil {
 			return fmt.Errorf("fencing: %w", err)
@@ -417,7 +420,7 @@ func (g *Group) session(ctx context.Context) (err error) {
 	if !alone {
 		return fmt.Errorf("another session named %q is a member of group %q (identities must be unique in a group; an old session of this member may also linger until its lease ends)", c.Identity, c.Group)
 	}
-	if _, err := conn.Exec(sctx, "LISTEN "+pgx.Identifier{g.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{g.heirChannel(c.Identity)}.Sanitize()+
+	if _, err := conn.Exec(sctx, "LISTEN "+pgx.Identifier{g.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{g.myChannel}.Sanitize()+
 		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d), pg_notify('%s', 'joined')", lockconn.HeirClass, g.roster, g.channel),
 		pgx.QueryExecModeSimpleProtocol); err != nil {
 		return err
@@ -545,7 +548,7 @@ func (g *Group) idle(ctx context.Context, conn *pgx.Conn, self uint32, until tim
 // heard handles a notification; it reports whether a round should run
 // now, and which.
 func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
-	if n.Channel != g.channel && n.Channel != g.heirChannel(g.cfg.Identity) || n.PID == self {
+	if n.Channel != g.channel && n.Channel != g.myChannel || n.PID == self {
 		return 0, false
 	}
 	if member, ok := strings.CutPrefix(n.Payload, "gone "); ok {
@@ -637,10 +640,22 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 		if hook != nil {
 			hook(rctx, conn)
 		}
+		marker := g.marker()
+		if marker != g.markerSQL {
+			// Prepared like the round's other statements, again only when
+			// the key count changes.
+			if _, err := conn.Prepare(rctx, marker, marker); err != nil {
+				return err
+			}
+			if g.markerSQL != "" {
+				conn.Deallocate(rctx, g.markerSQL)
+			}
+			g.markerSQL = marker
+		}
 		b := &pgx.Batch{}
 		b.Queue(checkSQL)
 		b.Queue(scanSQL, uint32(g.roster))
-		b.Queue(g.marker())
+		b.Queue(marker)
 		br := conn.SendBatch(rctx, b)
 		var err error
 		held, members, err = readScan(br, sess)

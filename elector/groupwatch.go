@@ -98,12 +98,8 @@ func (g *Group) watchRing(ctx context.Context, targets <-chan string) {
 		attempt, delay := r.next(time.Since(began), err)
 		delay = max(delay, c.RenewInterval)
 		g.log.Debug("crash watch: reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, delay) {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -137,7 +133,7 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 	// that reached the idle backend would do nothing, and no call follows.
 	var mu sync.Mutex
 	inCall := false
-	stop := context.AfterFunc(ctx, func() {
+	cancelWait := func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if inCall {
@@ -145,7 +141,8 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 			defer cancel()
 			conn.PgConn().CancelRequest(cctx)
 		}
-	})
+	}
+	stop := context.AfterFunc(ctx, cancelWait)
 	defer func() {
 		stop()
 		// The cancel, if any, has been sent before the session closes.
@@ -191,13 +188,7 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 			select {
 			case t := <-targets:
 				moved <- t
-				mu.Lock()
-				defer mu.Unlock()
-				if inCall {
-					cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-					defer cancel()
-					conn.PgConn().CancelRequest(cctx)
-				}
+				cancelWait()
 			case <-callDone:
 			}
 		}()
