@@ -174,6 +174,15 @@ type Fencing struct {
 	// leader.HistoryTableSQL; without it the elector warns and keeps no
 	// history).
 	NoCreate bool
+	// TrustedOwner names a role whose terms and history tables the
+	// elector uses although its own role is not a member of it. By
+	// default a table is used only when its owner is the elector's role, a
+	// role it is a member of, or a superuser; any other owner's table is
+	// refused (leader.ErrForeignTable), since its owner can rewrite the
+	// terms, and on a shared database another role may create the table
+	// first. A table a migration role creates for the application needs
+	// that role here.
+	TrustedOwner string
 
 	// History: with fencing on, each term also gets a row in HistoryTable
 	// (default leader.DefaultHistoryTable): key, term, identity, backend

@@ -69,9 +69,11 @@ type Elector struct {
 	electedOnce sync.Once
 
 	// history: this session keeps the history table (Run's goroutine
-	// only, as is pendingDemotion: a term's end not yet recorded).
-	history         bool
-	pendingDemotion *demotion
+	// only, as are pendingDemotion, a term's end not yet recorded, and the
+	// tables as the session found them).
+	history                  bool
+	pendingDemotion          *demotion
+	termsTable, historyTable terms.Table
 
 	mu     sync.Mutex
 	tenure *tenure
@@ -238,6 +240,9 @@ func (e *Elector) reportLeaders(stop <-chan struct{}) {
 //     role (25006);
 //   - leader.ErrRejected: a DSN connector's login was refused (28P01,
 //     28000) or its database does not exist (3D000);
+//   - leader.ErrUnsupportedServer: the server is older than PostgreSQL 14;
+//   - leader.ErrForeignTable: with fencing, the terms or history table
+//     belongs to a role the elector's role is not a member of;
 //   - ErrAlreadyRunning, when called a second time.
 //
 // The server's *pgconn.PgError stays in the chain (errors.As). Everything
@@ -342,7 +347,8 @@ func (r *retry) log(l *zap.Logger, attempt int, delay time.Duration, err error) 
 // Permanent reports whether Run gives up on err rather than retrying: see
 // Run for the list.
 func Permanent(err error) bool {
-	for _, p := range []error{leader.ErrTransactionPooling, leader.ErrNoTermsTable, leader.ErrReadOnly, leader.ErrRejected} {
+	for _, p := range []error{leader.ErrTransactionPooling, leader.ErrNoTermsTable, leader.ErrReadOnly, leader.ErrRejected,
+		leader.ErrUnsupportedServer, leader.ErrForeignTable} {
 		if errors.Is(err, p) {
 			return true
 		}

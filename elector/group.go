@@ -145,7 +145,8 @@ type Group struct {
 	trustEnd time.Time             // IsLeader is false past it
 	holds    map[tagKey]resignHold // keys resigned by a member: not assigned to it for a while
 	stopping bool
-	termSQL  string
+	// termSQL installs terms in termsTable, as this session found it.
+	termSQL, termsTable string
 
 	// The crash watch (groupwatch.go): the ring successor it watches, and
 	// members it reported gone that a round still listed.
@@ -217,10 +218,6 @@ func NewGroup(cfg GroupConfig) (*Group, error) {
 	g.channel = fmt.Sprintf("pgleader.group.%d", uint32(g.roster))
 	g.myChannel = g.heirChannel(cfg.Identity)
 	g.log = cfg.Logger.With(zap.String("group", cfg.Group), zap.String("identity", cfg.Identity))
-	if cfg.Fencing.Enabled {
-		q, _ := terms.Quote(cfg.Fencing.Table)
-		g.termSQL = groupBumpSQL(q)
-	}
 	return g, nil
 }
 
@@ -406,9 +403,14 @@ func (g *Group) session(ctx context.Context) (err error) {
 	}
 	g.markerSQL = ""
 	if c.Fencing.Enabled {
-		if err := terms.Ensure(sctx, conn, c.Fencing.Table, !c.Fencing.NoCreate); err != nil {
+		tbl, err := terms.Ensure(sctx, conn, c.Fencing.Table, terms.EnsureOptions{Create: !c.Fencing.NoCreate,
+			Schemas: sess.Schemas, TrustedOwner: c.Fencing.TrustedOwner})
+		if err != nil {
 			return fmt.Errorf("fencing: %w", err)
 		}
+		g.mu.Lock()
+		g.termSQL, g.termsTable = groupBumpSQL(tbl.Quoted()), tbl.Raw(c.Fencing.Table)
+		g.mu.Unlock()
 	}
 	// Join: the member lock (one member per identity), the roster lock,
 	// the channel, and a word to the others.
@@ -1155,7 +1157,7 @@ func (g *Group) bump(ctx context.Context, conn *pgx.Conn, won []tagKey) (map[tag
 func (g *Group) begin(key leader.Key, pid uint32, term int64) {
 	l := leader.Leadership{Key: key, Identity: g.cfg.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
 	if g.cfg.Fencing.Enabled {
-		l.TermsTable = g.cfg.Fencing.Table
+		l.TermsTable = g.termsTable
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	t := &groupTerm{l: l, cancel: cancel, done: make(chan struct{}), demoted: make(chan struct{})}

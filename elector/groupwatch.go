@@ -48,7 +48,7 @@ func memberLock(group, identity string) int32 {
 // tells the group so, and holds nothing when it returns. NULL on a standby
 // (which cannot NOTIFY).
 const ringFunc = `CREATE OR REPLACE FUNCTION pg_temp.pgleader_ring(a int4, b int4, wait_ms int, chan text, who text) RETURNS bool
-LANGUAGE plpgsql AS $f$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 DECLARE
   gone bool;
 BEGIN

@@ -62,26 +62,25 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		lockconn.Close(conn)
 		return nil, fmt.Errorf("session setup: %w", err)
 	}
-	if ls.Major() < 14 {
-		e.log.Warn("PostgreSQL before 14 has no idle_session_timeout: a paused or partitioned leader keeps the lock on the server until TCP keepalives end its session, and a paused process answers keepalives",
-			zap.Int("server_major", ls.Major()))
-	}
 	if f := c.Fencing; f.Enabled {
-		if err := terms.Ensure(ctx, ls.Conn(), f.Table, !f.NoCreate); err != nil {
+		o := terms.EnsureOptions{Create: !f.NoCreate, Schemas: ls.Schemas(), TrustedOwner: f.TrustedOwner}
+		tbl, err := terms.Ensure(ctx, ls.Conn(), f.Table, o)
+		if err != nil {
 			ls.Close()
 			return nil, fmt.Errorf("fencing: %w", err)
 		}
-		e.history = false
+		e.termsTable, e.history = tbl, false
 		if !f.NoHistory {
-			switch err := terms.EnsureHistory(ctx, ls.Conn(), f.HistoryTable, !f.NoCreate); {
+			switch h, err := terms.EnsureHistory(ctx, ls.Conn(), f.HistoryTable, o); {
 			case err == nil:
-				e.history = true
+				e.historyTable, e.history = h, true
 			case errors.Is(err, terms.ErrNoTable) || errors.Is(err, terms.ErrReadOnly):
 				// Fencing works without it: say so once per session.
 				e.log.Warn("no leadership history: "+err.Error(), zap.String("table", f.HistoryTable))
 			default:
-				// A fault, or a lock wait the server gave up on: try again
-				// with the next session rather than lose this one's rows.
+				// A fault, a foreign table, or a lock wait the server gave
+				// up on: try again with the next session rather than lose
+				// this one's rows.
 				ls.Close()
 				return nil, fmt.Errorf("fencing: history table: %w", err)
 			}
@@ -92,10 +91,7 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		}
 	}
 	wait := e.followerWait(ls.DeadlockTimeout())
-	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline}
-	if ls.Major() >= 14 {
-		q.Lease = c.LeaseDuration
-	}
+	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline, Lease: c.LeaseDuration}
 	quiet, holder, err := ls.Watch(ctx, e.target, q)
 	if err != nil {
 		ls.Close()

@@ -75,7 +75,9 @@ func observeOnce(ctx context.Context, connect Connector, key leader.Key, channel
 		return err
 	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = conn.Exec(qctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	if _, err = lockconn.Pin(qctx, conn); err == nil {
+		_, err = conn.Exec(qctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	}
 	cancel()
 	if err != nil {
 		return err

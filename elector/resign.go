@@ -52,6 +52,9 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 		return Handover{}, fmt.Errorf("connect: %w", err)
 	}
 	defer lockconn.Close(conn)
+	if _, err := lockconn.Pin(ctx, conn); err != nil {
+		return Handover{}, err
+	}
 	t := lockconn.NewTarget(key, "", "", "")
 	reply := lockconn.ReplyChannel(conn.PgConn().PID())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {

@@ -85,7 +85,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 	c := e.cfg
 	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
 	if c.Fencing.Enabled {
-		l.TermsTable = c.Fencing.Table
+		l.TermsTable = e.termsTable.Raw(c.Fencing.Table)
 	}
 	t := &tenure{l: l, demoted: make(chan struct{}), cbDone: make(chan struct{}),
 		trust: window{lastOK: vsent, interval: c.RenewInterval, deadline: c.RenewDeadline}}
@@ -460,9 +460,8 @@ func (e *Elector) flushDemotion(ls lease) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
-	h, _ := terms.Quote(e.cfg.Fencing.HistoryTable)
 	classid, objid, objsubid := e.cfg.Key.LockTag()
-	if err := ls.Record(ctx, terms.DemotedSQL(h), classid, objid, objsubid, d.term, d.at, d.reason, d.detail); err != nil {
+	if err := ls.Record(ctx, terms.DemotedSQL(e.historyTable.Quoted()), classid, objid, objsubid, d.term, d.at, d.reason, d.detail); err != nil {
 		e.log.Warn("could not record the end of a term in the history table", zap.Int64("term", d.term), zap.Error(err))
 		return
 	}
@@ -472,11 +471,9 @@ func (e *Elector) flushDemotion(ls lease) {
 // setBump picks the statement that installs a term: with or without its
 // history row.
 func (e *Elector) setBump() {
-	f := e.cfg.Fencing
-	q, _ := terms.Quote(f.Table)
+	q := e.termsTable.Quoted()
 	if e.history {
-		h, _ := terms.Quote(f.HistoryTable)
-		e.target.SetBump(terms.BumpHistorySQL(q, h, f.HistoryRetention))
+		e.target.SetBump(terms.BumpHistorySQL(q, e.historyTable.Quoted(), e.cfg.Fencing.HistoryRetention))
 		return
 	}
 	e.target.SetBump(terms.BumpSQL(q))

@@ -58,6 +58,13 @@ var (
 	// stays in the chain. Not retried; a custom Connector's errors are
 	// retried, since it may fetch fresh credentials each time.
 	ErrRejected = errors.New("pgleader: the server rejected the connection")
+	// ErrUnsupportedServer: the server is older than PostgreSQL 14, which
+	// added idle_session_timeout, the server-side lease that frees a
+	// paused or partitioned leader's lock (TCP keepalives do not end a
+	// session behind a TCP proxy, and a paused process's kernel answers
+	// them). Not retried. lock.Tx, TryTx and RunTx, whose locks end with
+	// their transaction, work on any version.
+	ErrUnsupportedServer = lockconn.ErrUnsupportedServer
 )
 
 func isContextErr(err error) bool {
@@ -88,6 +95,12 @@ var ErrFenced = errors.New("pgleader: fenced: a newer leader's term exists")
 // ErrNoTermsTable means fencing is on but the terms table is missing or not
 // accessible. The error text carries the SQL that creates it.
 var ErrNoTermsTable = terms.ErrNoTable
+
+// ErrForeignTable means the terms or history table exists but belongs to a
+// role the elector's role is not a member of (on a shared database another
+// role may create it first): its owner could rewrite the terms, so it is
+// refused. Drop it, or name its owner in Fencing.TrustedOwner. Not retried.
+var ErrForeignTable = terms.ErrForeignTable
 
 // ErrNoFencing is returned by Leadership.Fence when the elector runs without
 // fencing (the Leadership has no term).

@@ -44,10 +44,15 @@ func (h HolderInfo) Identity() string { return h.Holder.Identity }
 // it. It needs no table and no privilege beyond what every role has.
 func Holder(ctx context.Context, q Querier, key Key) (HolderInfo, error) {
 	classid, objid, objsubid := key.LockTag()
-	rows, err := q.Query(ctx, `SELECT l.granted, l.pid, coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid())
-  AND l.classid = $1 AND l.objid = $2 AND l.objsubid = $3
+	// Holder runs on the caller's connection, under the caller's
+	// search_path, which may put a schema other roles can create objects
+	// in before pg_catalog: every function, relation, type and operator is
+	// named with its schema.
+	rows, err := q.Query(ctx, `SELECT l.granted, l.pid, coalesce(a.application_name, ''), coalesce(a.usename::pg_catalog.text, ''), a.backend_start
+FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+  AND l.database OPERATOR(pg_catalog.=) (SELECT datid FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+  AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.oid AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.oid AND l.objsubid OPERATOR(pg_catalog.=) $3::pg_catalog.int2
 ORDER BY l.granted DESC, a.backend_start, l.pid`, classid, objid, objsubid)
 	if err != nil {
 		return HolderInfo{}, err

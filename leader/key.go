@@ -108,12 +108,15 @@ func (k Key) String() string {
 
 // SQLArgs returns the argument list of an advisory-lock function call for
 // this key, with placeholders numbered from first, and the values to bind.
-// For example a bigint key gives ("$1::int8", [k]) and a pair key gives
-// ("$1::int4, $2::int4", [ns, id]).
+// For example a bigint key gives ("$1::pg_catalog.int8", [k]) and a pair
+// key gives ("$1::pg_catalog.int4, $2::pg_catalog.int4", [ns, id]). The
+// types name their schema, so that no type another role creates earlier in
+// a search_path can take their place; call the lock functions the same way
+// (pg_catalog.pg_advisory_lock).
 func (k Key) SQLArgs(first int) (string, []any) {
 	if ns, id, ok := k.Pair(); ok {
-		return fmt.Sprintf("$%d::int4, $%d::int4", first, first+1), []any{ns, id}
+		return fmt.Sprintf("$%d::pg_catalog.int4, $%d::pg_catalog.int4", first, first+1), []any{ns, id}
 	}
 	v, _ := k.Int64()
-	return fmt.Sprintf("$%d::int8", first), []any{v}
+	return fmt.Sprintf("$%d::pg_catalog.int8", first), []any{v}
 }

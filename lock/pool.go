@@ -41,10 +41,12 @@ type PoolGuard struct {
 
 // guardSQL counts this session's advisory locks and releases them when
 // asked, in one statement: the materialized CTE counts before the outer
-// query unlocks.
+// query unlocks. It runs on the pool's connection, under its search_path:
+// every name and operator names pg_catalog (see leader.Holder).
 const guardSQL = `WITH held AS MATERIALIZED (
-  SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted)
-SELECT n, CASE WHEN n > 0 AND $1::bool THEN pg_advisory_unlock_all() IS NULL ELSE false END FROM held`
+  SELECT pg_catalog.count(*) AS n FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory'
+    AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() AND granted)
+SELECT n, CASE WHEN n OPERATOR(pg_catalog.>) 0 AND $1::pg_catalog.bool THEN pg_catalog.pg_advisory_unlock_all() IS NULL ELSE false END FROM held`
 
 // GuardPool installs g in cfg's AfterRelease hook (after any hook already
 // there), so that every released connection is checked before it goes back
@@ -65,7 +67,7 @@ func GuardPool(cfg *pgxpool.Config, g PoolGuard) {
 		ctx, cancel := context.WithTimeout(context.Background(), g.Timeout)
 		defer cancel()
 		if g.Mode == GuardUnlockBlind {
-			_, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()")
+			_, err := conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock_all()")
 			return err == nil
 		}
 		var n int

@@ -39,7 +39,7 @@ func crashingJob(t *testing.T, p *pgxpool.Pool, key leader.Key) (pid uint32) {
 	}
 	defer c.Release()
 	args, vals := key.SQLArgs(1)
-	if err := c.QueryRow(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock("+args+")", vals...).Scan(&pid); err != nil {
+	if err := c.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid() FROM pg_catalog.pg_advisory_lock("+args+")", vals...).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	func() {

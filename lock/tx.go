@@ -40,15 +40,17 @@ func Tx(ctx context.Context, tx pgx.Tx, key leader.Key) error {
 	wait := max(time.Millisecond, remaining-min(100*time.Millisecond, remaining/4))
 	t := lockconn.TagOf(key)
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('pgleader.saved_lock_timeout', current_setting('lock_timeout'), true),`+
-		`set_config('pgleader.saved_statement_timeout', current_setting('statement_timeout'), true),`+
-		`set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)`,
+	// These statements run in the caller's transaction, under the caller's
+	// search_path: every function names pg_catalog (see leader.Holder).
+	b.Queue(`SELECT pg_catalog.set_config('pgleader.saved_lock_timeout', pg_catalog.current_setting('lock_timeout'), true),`+
+		`pg_catalog.set_config('pgleader.saved_statement_timeout', pg_catalog.current_setting('statement_timeout'), true),`+
+		`pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.set_config('statement_timeout', '0', true)`,
 		strconv.FormatInt(max(1, wait.Milliseconds()), 10))
 	var standby, locked bool
-	b.Queue(`SELECT r, CASE WHEN r THEN false ELSE (SELECT true FROM pg_advisory_xact_lock(`+t.Args+`)) END FROM pg_is_in_recovery() r`, t.Vals...).
+	b.Queue(`SELECT r, CASE WHEN r THEN false ELSE (SELECT true FROM pg_catalog.pg_advisory_xact_lock(`+t.Args+`)) END FROM pg_catalog.pg_is_in_recovery() r`, t.Vals...).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&standby, &locked) })
-	b.Queue(`SELECT set_config('lock_timeout', current_setting('pgleader.saved_lock_timeout'), true),` +
-		`set_config('statement_timeout', current_setting('pgleader.saved_statement_timeout'), true)`)
+	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('pgleader.saved_lock_timeout'), true),` +
+		`pg_catalog.set_config('statement_timeout', pg_catalog.current_setting('pgleader.saved_statement_timeout'), true)`)
 	err := tx.SendBatch(ctx, b).Close()
 	if lockconn.IsLockTimeout(err) {
 		return fmt.Errorf("%w: waited %s for %s: %w", ErrHeld, wait.Round(time.Millisecond), key, err)
@@ -65,7 +67,7 @@ func Tx(ctx context.Context, tx pgx.Tx, key leader.Key) error {
 func TryTx(ctx context.Context, tx pgx.Tx, key leader.Key) (bool, error) {
 	t := lockconn.TagOf(key)
 	var standby, ok bool
-	err := tx.QueryRow(ctx, `SELECT r, CASE WHEN r THEN false ELSE pg_try_advisory_xact_lock(`+t.Args+`) END FROM pg_is_in_recovery() r`, t.Vals...).Scan(&standby, &ok)
+	err := tx.QueryRow(ctx, `SELECT r, CASE WHEN r THEN false ELSE pg_catalog.pg_try_advisory_xact_lock(`+t.Args+`) END FROM pg_catalog.pg_is_in_recovery() r`, t.Vals...).Scan(&standby, &ok)
 	if err == nil && standby {
 		return false, fmt.Errorf("%w: lock.TryTx took nothing", leader.ErrStandby)
 	}

@@ -49,17 +49,23 @@ word (a crash); the next term marks it "superseded".
 	if err := needDSN(*dsn); err != nil {
 		return err
 	}
-	q, err := terms.Quote(*table)
-	if err != nil {
+	if _, err := terms.Quote(*table); err != nil {
 		return usageError{err.Error()}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, *dsn)
+	conn, schemas, err := dial(ctx, *dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
+	q, err := readable(ctx, conn, schemas, *table)
+	if err != nil {
+		return err
+	}
+	if q == "" {
+		return fmt.Errorf("%w: no readable history table %s (fencing keeps history; see pgleader elect --fencing and elector.Fencing)", terms.ErrNoTable, *table)
+	}
 	rows, err := readHistory(ctx, conn, q, name, *since)
 	if err != nil {
 		return terms.Classify(err, *table)

@@ -555,7 +555,9 @@ func TestElectListenFencingHistory(t *testing.T) {
 			"sh", "-c", fmt.Sprintf(`echo "$PGLEADER_IDENTITY,$PGLEADER_TERM,$PGLEADER_TERMS_TABLE" >> %s; exec sleep 600`, log))
 	}
 	first := strings.Split(waitLines(t, log, 1)[0], ",")
-	if len(first) != 3 || first[1] != "1" || first[2] != "pgleader_terms" { // a new name: its first term
+	// A new name: its first term; the table as the elector found it, with
+	// its schema, so that the command's own connection finds the same one.
+	if len(first) != 3 || first[1] != "1" || first[2] != "public.pgleader_terms" {
 		t.Fatalf("the command's environment: %q", first)
 	}
 	get := func(url string) (int, string) {

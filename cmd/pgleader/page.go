@@ -9,12 +9,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -149,6 +150,9 @@ type pageServer struct {
 	pool    *pgxpool.Pool
 	known   map[string]string
 	refresh time.Duration
+
+	mu      sync.Mutex
+	schemas []string // the role's own, read as each connection was pinned
 }
 
 func (p *pageServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -194,7 +198,12 @@ func (p *pageServer) read(ctx context.Context) pageData {
 		if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&d.Database); err != nil {
 			return err
 		}
-		locks, err := readStatus(ctx, conn, leader.DefaultTermsTable, p.known)
+		p.mu.Lock()
+		schemas := p.schemas
+		p.mu.Unlock()
+		tbl := tables{terms: optional(ctx, conn, schemas, leader.DefaultTermsTable),
+			history: optional(ctx, conn, schemas, leader.DefaultHistoryTable)}
+		locks, err := readStatus(ctx, conn, tbl, p.known)
 		if err != nil {
 			return err
 		}
@@ -202,9 +211,8 @@ func (p *pageServer) read(ctx context.Context) pageData {
 			return err
 		}
 		d.Locks = ungrouped(locks)
-		q, _ := terms.Quote(leader.DefaultHistoryTable)
-		if conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')`, q).Scan(&d.History) == nil && d.History {
-			rows, err := readHistory(ctx, conn, q, "", 24*time.Hour)
+		if d.History = tbl.history != ""; d.History {
+			rows, err := readHistory(ctx, conn, tbl.history, "", 24*time.Hour)
 			if err != nil {
 				return err
 			}
@@ -231,16 +239,26 @@ func servePage(ctx context.Context, dsn, addr string, known map[string]string, r
 	cfg.MaxConns = 2
 	cfg.ConnConfig.RuntimeParams["application_name"] = "pgleader status --serve"
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	ps := &pageServer{known: known, refresh: refresh}
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		// Pinned as dial pins (see dial).
+		schemas, err := lockconn.Pin(ctx, conn)
+		ps.mu.Lock()
+		ps.schemas = schemas
+		ps.mu.Unlock()
+		return err
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	ps.pool = pool
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: &pageServer{pool: pool, known: known, refresh: refresh}, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: ps, ReadHeaderTimeout: 10 * time.Second}
 	ready(ln.Addr().String())
 	go func() {
 		<-ctx.Done()

@@ -159,7 +159,10 @@ func TestLivePageInBrowser(t *testing.T) {
 	recvLine(t, elected)
 	began := time.Now()
 	for {
-		leaderCell := must(chromedp.Run(tctx, chromedp.Text(chromedp.CSS("#elections tbody tr td:nth-child(2) .leader"))))(t)
+		// One evaluation, not a node lookup then a read: the page reloads
+		// itself, and a node found before a reload is gone after it.
+		leaderCell := must(chromedp.Run(tctx, chromedp.Evaluate[string](
+			`(document.querySelector("#elections tbody tr td:nth-child(2) .leader") || {innerText: ""}).innerText`)))(t)
 		if leaderCell == ho.To {
 			break
 		}

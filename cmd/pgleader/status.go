@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -107,7 +106,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "pgleader status: serving the live page on http://%s/\n", addr)
 		})
 	}
-	conn, err := pgx.Connect(ctx, *dsn)
+	conn, schemas, err := dial(ctx, *dsn)
 	if err != nil {
 		return err
 	}
@@ -119,7 +118,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	last := ""
 	tty := isTerminal(stdout)
 	for {
-		locks, err := readStatus(ctx, conn, *table, known)
+		locks, err := readStatus(ctx, conn, tables{terms: optional(ctx, conn, schemas, *table),
+			history: optional(ctx, conn, schemas, leader.DefaultHistoryTable)}, known)
 		var groups []*groupView
 		if err == nil {
 			groups, err = readGroups(ctx, conn, locks)
@@ -206,7 +206,11 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-func readStatus(ctx context.Context, conn *pgx.Conn, table string, known map[string]string) ([]*lockStatus, error) {
+// tables are pgleader's tables as a command found them (see readable):
+// quoted names, "" for none.
+type tables struct{ terms, history string }
+
+func readStatus(ctx context.Context, conn *pgx.Conn, tbl tables, known map[string]string) ([]*lockStatus, error) {
 	waitstart := "NULL::timestamptz"
 	if lockconn.ServerMajor(conn) >= 14 {
 		waitstart = "l.waitstart"
@@ -289,39 +293,36 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			}
 		}
 	}
-	readLastHandovers(ctx, conn, byKey)
+	readLastHandovers(ctx, conn, tbl.history, byKey)
 	// Names, terms and election times from the fencing table, when it
 	// exists and is readable.
-	if q, err := terms.Quote(table); err == nil && len(order) > 0 {
-		var exists bool
-		if conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')`, q).Scan(&exists) == nil && exists {
-			trows, err := conn.Query(ctx, `SELECT classid, objid, objsubid, key_name, term, holder, elected_at FROM `+q)
-			if err == nil {
-				for trows.Next() {
-					var classid, objid uint32
-					var objsubid int16
-					var name, holder string
-					var term int64
-					var at time.Time
-					if trows.Scan(&classid, &objid, &objsubid, &name, &term, &holder, &at) != nil {
-						continue
-					}
-					ls := byKey[leader.KeyFromLockTag(classid, objid, objsubid)]
-					if ls == nil {
-						continue
-					}
-					if ls.Name == "" {
-						if i := strings.LastIndex(name, "("); i > 0 {
-							ls.Name = name[:i]
-						}
-					}
-					if ls.Holder != nil && ls.Holder.Identity == holder {
-						ls.Term = term
-						ls.Holder.HeldSince, ls.Holder.HeldSinceExact = &at, true
+	if q := tbl.terms; q != "" && len(order) > 0 {
+		trows, err := conn.Query(ctx, `SELECT classid, objid, objsubid, key_name, term, holder, elected_at FROM `+q)
+		if err == nil {
+			for trows.Next() {
+				var classid, objid uint32
+				var objsubid int16
+				var name, holder string
+				var term int64
+				var at time.Time
+				if trows.Scan(&classid, &objid, &objsubid, &name, &term, &holder, &at) != nil {
+					continue
+				}
+				ls := byKey[leader.KeyFromLockTag(classid, objid, objsubid)]
+				if ls == nil {
+					continue
+				}
+				if ls.Name == "" {
+					if i := strings.LastIndex(name, "("); i > 0 {
+						ls.Name = name[:i]
 					}
 				}
-				trows.Close()
+				if ls.Holder != nil && ls.Holder.Identity == holder {
+					ls.Term = term
+					ls.Holder.HeldSince, ls.Holder.HeldSinceExact = &at, true
+				}
 			}
+			trows.Close()
 		}
 	}
 	sort.SliceStable(order, func(i, j int) bool {
@@ -411,13 +412,8 @@ func orDash(s string) string {
 // readLastHandovers fills in each key's newest term from the default
 // history table, when it exists and is readable: two rows per key, by its
 // primary key.
-func readLastHandovers(ctx context.Context, conn *pgx.Conn, byKey map[leader.Key]*lockStatus) {
-	if len(byKey) == 0 {
-		return
-	}
-	q, _ := terms.Quote(leader.DefaultHistoryTable)
-	var ok bool
-	if conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')`, q).Scan(&ok) != nil || !ok {
+func readLastHandovers(ctx context.Context, conn *pgx.Conn, q string, byKey map[leader.Key]*lockStatus) {
+	if len(byKey) == 0 || q == "" {
 		return
 	}
 	var cs, objs []uint32

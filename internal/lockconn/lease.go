@@ -114,6 +114,10 @@ func (l *Lease) PID() uint32 { return l.sess.PID }
 // Major is the server's major version.
 func (l *Lease) Major() int { return l.sess.Major }
 
+// Schemas are the schemas of the role's own search_path (see
+// Session.Schemas).
+func (l *Lease) Schemas() []string { return l.sess.Schemas }
+
 // DeadlockTimeout is the server's deadlock_timeout, read at setup.
 func (l *Lease) DeadlockTimeout() time.Duration { return l.sess.DeadlockTimeout }
 

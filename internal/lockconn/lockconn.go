@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -133,6 +134,10 @@ type Session struct {
 	// lasts longer runs the deadlock detector, which takes every lock
 	// partition. Quiet follower rounds stay below it.
 	DeadlockTimeout time.Duration
+	// Schemas are the schemas of the role's own search_path, before Setup
+	// pinned it (see PinnedPath): where a table named without a schema
+	// lives.
+	Schemas []string
 }
 
 // Same reports a pooling error unless pid and token are the session's.
@@ -159,11 +164,97 @@ func ServerMajor(conn *pgx.Conn) int {
 	return n
 }
 
-// Setup configures the session in one round trip and returns its backend
-// pid. Without idle_session_timeout (before PostgreSQL 14) it still sets
-// keepalives; the caller should warn. On a standby it returns ErrStandby:
-// nothing may be locked there.
+// MinMajor is the oldest PostgreSQL major version pgleader runs on: 14
+// added idle_session_timeout, the server-side lease that frees a paused or
+// partitioned leader's lock. Before it, nothing but the client's own
+// clock would ever end such a leader's session behind a TCP proxy.
+const MinMajor = 14
+
+// ErrUnsupportedServer: the server is older than MinMajor.
+var ErrUnsupportedServer = errors.New("pgleader: PostgreSQL 14 or later is required (before 14 there is no idle_session_timeout, so nothing would end a paused or partitioned leader's session, and its lock, behind a TCP proxy)")
+
+// PinnedPath is the search_path of every session pgleader owns:
+// pg_catalog first, so that no schema another role can create objects in
+// may shadow a built-in function, operator, type or view (a role's
+// search_path may put such a schema before pg_catalog), and pg_temp last,
+// where the session's own functions live (always called by their
+// qualified names).
+const PinnedPath = "pg_catalog, pg_temp"
+
+// pinSQL pins the session's search_path and returns the schemas the role's
+// own search_path resolved to (as a JSON array), for the tables it names
+// unqualified (see terms.Resolve). It runs before any other statement of
+// the session, under the role's search_path, so it names pg_catalog for
+// every call and uses no operator, type name, cast or relation.
+const pinSQL = `SELECT pg_catalog.array_to_json(pg_catalog.current_schemas(false)), pg_catalog.set_config('search_path', '` + PinnedPath + `', false)`
+
+// Pin pins the search_path of a connection pgleader owns but does not set
+// up as a lock session (an observer's, a resign request's, the CLI's) and
+// returns the schemas of the role's own search_path.
+func Pin(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	res, err := execUnnamed(ctx, conn, [][]any{{pinSQL}})
+	if err != nil {
+		return nil, err
+	}
+	return pinned(res[0])
+}
+
+// pinned reads pinSQL's row.
+func pinned(rows [][][]byte) ([]string, error) {
+	if len(rows) != 1 || len(rows[0]) != 2 {
+		return nil, errors.New("pgleader: no row from the search_path statement")
+	}
+	var schemas []string
+	if err := json.Unmarshal(rows[0][0], &schemas); err != nil {
+		return nil, fmt.Errorf("pgleader: the role's schemas: %w", err)
+	}
+	return schemas, nil
+}
+
+// execUnnamed runs statements in one round trip, each as an unnamed
+// statement with text parameters and text results, whatever the
+// connection's query mode, and returns each one's rows. The server parses
+// each statement only after the one before it has run (pgx's cached modes
+// would parse them all first), which Setup relies on.
+func execUnnamed(ctx context.Context, conn *pgx.Conn, stmts [][]any) ([][][][]byte, error) {
+	b := &pgconn.Batch{}
+	for _, st := range stmts {
+		params := make([][]byte, 0, len(st)-1)
+		for _, v := range st[1:] {
+			params = append(params, []byte(v.(string)))
+		}
+		b.ExecParams(st[0].(string), params, nil, nil, nil)
+	}
+	results, err := conn.PgConn().ExecBatch(ctx, b).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	out := make([][][][]byte, len(results))
+	for i, r := range results {
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		out[i] = r.Rows
+	}
+	if len(out) != len(stmts) {
+		return nil, errors.New("pgleader: the server answered fewer statements than were sent")
+	}
+	return out, nil
+}
+
+// Setup configures the session in one round trip and returns it: first
+// the search_path (see PinnedPath), then, in a statement the server
+// parses only after that, the backend pid, whether the server is a
+// standby, deadlock_timeout, and the settings. A server older than
+// MinMajor gives ErrUnsupportedServer before anything is sent; a standby
+// gives ErrStandby: nothing may be locked there.
 func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
+	var tok [8]byte
+	rand.Read(tok[:])
+	sess := Session{Major: ServerMajor(conn), Token: hex.EncodeToString(tok[:])}
+	if sess.Major < MinMajor {
+		return sess, fmt.Errorf("%w: the server is PostgreSQL %d", ErrUnsupportedServer, sess.Major)
+	}
 	keepIdle := max(1, int(s.KeepIdle/time.Second))
 	keepCount := max(1, int((s.Lease-time.Duration(keepIdle)*time.Second)/time.Second))
 	sets := [][2]string{
@@ -174,56 +265,39 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
 		{"tcp_keepalives_interval", "1"},
 		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
+		{"tcp_user_timeout", ms(s.Lease)},
+		{"idle_session_timeout", ms(s.Lease)},
+		{"pgleader.owner", sess.Token},
 	}
 	if s.SyncCommit {
 		sets = append(sets, [2]string{"synchronous_commit", "on"})
 	}
-	var tok [8]byte
-	rand.Read(tok[:])
-	sess := Session{Major: ServerMajor(conn), Token: hex.EncodeToString(tok[:])}
-	sets = append(sets, [2]string{"pgleader.owner", sess.Token})
-	if sess.Major >= 12 {
-		sets = append(sets, [2]string{"tcp_user_timeout", ms(s.Lease)})
-	}
-	if sess.Major >= 14 {
-		sets = append(sets, [2]string{"idle_session_timeout", ms(s.Lease)})
-	}
 	var sb strings.Builder
 	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8")
-	args := []any{pgx.QueryExecModeSimpleProtocol}
+	setup := []any{""}
 	for i, kv := range sets {
 		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
-		args = append(args, kv[1])
+		setup = append(setup, kv[1])
 	}
-	rows, err := conn.Query(ctx, sb.String(), args...)
+	setup[0] = sb.String()
+	res, err := execUnnamed(ctx, conn, [][]any{{pinSQL}, setup})
 	if err != nil {
 		return sess, err
 	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return sess, err
-		}
-		return sess, errors.New("no row from the session setup query")
+	if sess.Schemas, err = pinned(res[0]); err != nil {
+		return sess, err
 	}
-	vals, err := rows.Values()
+	if len(res[1]) != 1 || len(res[1][0]) < 3 {
+		return sess, errors.New("pgleader: no row from the session setup statement")
+	}
+	row := res[1][0]
+	pid, err := strconv.ParseUint(string(row[0]), 10, 32)
 	if err != nil {
-		return sess, err
+		return sess, fmt.Errorf("pgleader: session setup: backend pid %q: %w", row[0], err)
 	}
-	switch v := vals[0].(type) {
-	case int32:
-		sess.PID = uint32(v)
-	case int64:
-		sess.PID = uint32(v)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return sess, err
-	}
-	if dt, ok := vals[2].(int64); ok {
-		sess.DeadlockTimeout = time.Duration(dt) * time.Millisecond
-	}
-	if standby, _ := vals[1].(bool); standby {
+	deadlock, _ := strconv.ParseInt(string(row[2]), 10, 64)
+	sess.PID, sess.DeadlockTimeout = uint32(pid), time.Duration(deadlock)*time.Millisecond
+	if string(row[1]) == "t" {
 		return sess, fmt.Errorf("%w (session setup, backend pid %d)", ErrStandby, sess.PID)
 	}
 	return sess, nil

@@ -91,7 +91,7 @@ const HeirClass int32 = 0x70674C48
 // the lock", GUARD for guardSQL.
 const quietTemplate = `
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(P, c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4, gate int4, me int4) RETURNS int
-LANGUAGE plpgsql AS $f$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 DECLARE
   won int := 1;
 BEGIN
@@ -115,7 +115,7 @@ BEGIN
   RETURN won;
 END $f$;
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_poll(P, c oid, o oid, s int2, pid int4, tok text, slots int4[], lease_ms int, gate int4, me int4) RETURNS int
-LANGUAGE plpgsql AS $f$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 BEGIN
   GUARD
   IF pg_try_advisory_lock_shared(K) AND pg_advisory_unlock_shared(K) THEN

@@ -34,12 +34,10 @@ func Quote(table string) (string, error) {
 	return pgx.Identifier(parts).Sanitize(), nil
 }
 
-// DDL returns the CREATE TABLE statement of a terms table.
+// DDL returns the CREATE TABLE statement of a terms table, named table
+// ("name" or "schema.name", quoted here) or already quoted.
 func DDL(table string) string {
-	q, err := Quote(table)
-	if err != nil {
-		q = table
-	}
+	q := quoteLoose(table)
 	return `CREATE TABLE IF NOT EXISTS ` + q + ` (
     classid    oid         NOT NULL,  -- pg_locks.classid of the advisory lock
     objid      oid         NOT NULL,  -- pg_locks.objid
@@ -50,6 +48,31 @@ func DDL(table string) string {
     elected_at timestamptz NOT NULL,
     PRIMARY KEY (classid, objid, objsubid)
 )`
+}
+
+// quoteLoose quotes a raw name, and keeps one that is already quoted.
+func quoteLoose(table string) string {
+	if strings.HasPrefix(table, `"`) {
+		return table
+	}
+	if q, err := Quote(table); err == nil {
+		return q
+	}
+	return table
+}
+
+// lastPart is a table name's last part, unquoted.
+func lastPart(table string) string {
+	if strings.HasPrefix(table, `"`) {
+		if i := strings.LastIndex(table, `."`); i >= 0 {
+			table = table[i+1:]
+		}
+		return strings.ReplaceAll(strings.Trim(table, `"`), `""`, `"`)
+	}
+	if i := strings.LastIndex(table, "."); i >= 0 {
+		return table[i+1:]
+	}
+	return table
 }
 
 // Classify turns a missing table or privilege into ErrNoTable, and a
@@ -75,51 +98,140 @@ func classify(err error, table, ddl, privileges string) error {
 	return err
 }
 
-// Ensure checks that the terms table exists, and creates it when create
-// is set.
-func Ensure(ctx context.Context, conn *pgx.Conn, table string, create bool) error {
-	return ensure(ctx, conn, table, create, DDL(table), "SELECT, INSERT, UPDATE")
+// ErrForeignTable is wrapped when the table exists but belongs to a role
+// this session's role is not a member of: that role could rewrite the
+// terms (rewind one, and an old leader's writes pass its fence) or the
+// history.
+var ErrForeignTable = errors.New("pgleader: the table belongs to another role")
+
+// Table is a terms or history table as a session found or created it.
+type Table struct{ Schema, Name string }
+
+// Quoted is the table's schema-qualified, quoted name.
+func (t Table) Quoted() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// Raw is "schema.name", the form Quote reads back (when neither part holds
+// a dot; otherwise the configured name).
+func (t Table) Raw(configured string) string {
+	if strings.Contains(t.Schema, ".") || strings.Contains(t.Name, ".") {
+		return configured
+	}
+	return t.Schema + "." + t.Name
+}
+
+// EnsureOptions say how Ensure treats a missing or foreign table.
+type EnsureOptions struct {
+	// Create creates a missing table.
+	Create bool
+	// Schemas are the schemas of the role's own search_path (see
+	// lockconn.Session.Schemas), where a table named without a schema is
+	// looked for, and created in the first.
+	Schemas []string
+	// TrustedOwner is a role, besides this role and the roles it is a
+	// member of, whose table is used.
+	TrustedOwner string
+}
+
+// Ensure finds the terms table, or creates it when o.Create is set, and
+// returns where it is. A table named without a schema is looked for in
+// o.Schemas in order (the role's own search_path; the session itself runs
+// with a pinned one), as PostgreSQL would. A table another role owns
+// (one this role is not a member of, not a superuser, and not
+// o.TrustedOwner) is refused with ErrForeignTable: whoever owns it can
+// rewrite the terms.
+func Ensure(ctx context.Context, conn *pgx.Conn, table string, o EnsureOptions) (Table, error) {
+	return ensure(ctx, conn, table, o, DDL, "SELECT, INSERT, UPDATE")
 }
 
 // EnsureHistory is Ensure for a history table.
-func EnsureHistory(ctx context.Context, conn *pgx.Conn, table string, create bool) error {
-	return ensure(ctx, conn, table, create, HistoryDDL(table), "SELECT, INSERT, UPDATE, DELETE")
+func EnsureHistory(ctx context.Context, conn *pgx.Conn, table string, o EnsureOptions) (Table, error) {
+	return ensure(ctx, conn, table, o, HistoryDDL, "SELECT, INSERT, UPDATE, DELETE")
 }
 
-func ensure(ctx context.Context, conn *pgx.Conn, table string, create bool, ddl, privileges string) error {
-	q, err := Quote(table)
+// findSQL looks a table up in schemas, in order. It runs on a session with
+// a pinned search_path.
+// It reports whether the table is trusted: its owner is this role, a role
+// it is a member of, or a superuser (who could rewrite any table anyway).
+const findSQL = `SELECT n.nspname::text, c.relname::text, r.rolname::text, pg_has_role(c.relowner, 'MEMBER') OR r.rolsuper
+FROM unnest($1::text[]) WITH ORDINALITY AS s(nsp, i)
+JOIN pg_namespace n ON n.nspname = s.nsp
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $2
+JOIN pg_roles r ON r.oid = c.relowner
+ORDER BY s.i LIMIT 1`
+
+// Find looks the table up as Ensure does, and creates nothing: found is
+// false when it does not exist. A foreign table gives ErrForeignTable.
+func Find(ctx context.Context, conn *pgx.Conn, table string, o EnsureOptions) (t Table, found bool, err error) {
+	schemas, name, err := split(table, o.Schemas)
 	if err != nil {
-		return err
+		return Table{}, false, err
 	}
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q).Scan(&exists); err != nil {
-		return err
+	var owner string
+	var member bool
+	err = conn.QueryRow(ctx, findSQL, schemas, name).Scan(&t.Schema, &t.Name, &owner, &member)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Table{}, false, nil
+	case err != nil:
+		return Table{}, false, err
+	case !member && owner != o.TrustedOwner:
+		return Table{}, false, fmt.Errorf("%w: %s is owned by role %q, which this role is not a member of (its owner can rewrite what it holds); drop it and let pgleader create its own, or name %q in Fencing.TrustedOwner if that role may", ErrForeignTable, t.Quoted(), owner, owner)
 	}
-	if exists {
-		// Prove access now rather than at the first election.
-		_, err := conn.Exec(ctx, `SELECT 1 FROM `+q+` LIMIT 0`)
-		return classify(err, table, ddl, privileges)
+	return t, true, nil
+}
+
+// split returns where to look for table: its own schema, or schemas.
+func split(table string, schemas []string) ([]string, string, error) {
+	if _, err := Quote(table); err != nil {
+		return nil, "", err
 	}
-	if !create {
-		return classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"}, table, ddl, privileges)
+	if s, n, ok := strings.Cut(table, "."); ok {
+		return []string{s}, n, nil
 	}
-	// The simple protocol: a DDL may hold more than one statement.
+	if schemas == nil {
+		schemas = []string{}
+	}
+	return schemas, table, nil
+}
+
+func ensure(ctx context.Context, conn *pgx.Conn, table string, o EnsureOptions, ddl func(string) string, privileges string) (Table, error) {
+	schemas, name, err := split(table, o.Schemas)
+	if err != nil {
+		return Table{}, err
+	}
 	for attempt := 1; ; attempt++ {
-		_, err := conn.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol)
+		t, found, err := Find(ctx, conn, table, o)
+		switch {
+		case err != nil:
+			return Table{}, err
+		case found:
+			// Prove access now rather than at the first election.
+			_, err := conn.Exec(ctx, `SELECT 1 FROM `+t.Quoted()+` LIMIT 0`)
+			return t, classify(err, table, ddl(t.Quoted()), privileges)
+		case !o.Create:
+			return Table{}, classify(&pgconn.PgError{Code: "42P01", Message: "relation does not exist"}, table, ddl(table), privileges)
+		case len(schemas) == 0:
+			return Table{}, fmt.Errorf("%w: %s: the role's search_path names no schema that exists, so there is nowhere to create it; name its schema (schema.table)", ErrNoTable, table)
+		}
+		t = Table{Schema: schemas[0], Name: name}
+		// The simple protocol: a DDL may hold more than one statement.
+		_, err = conn.Exec(ctx, ddl(t.Quoted()), pgx.QueryExecModeSimpleProtocol)
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
-			return nil
+			return t, nil
 		case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07"):
-			// Concurrent CREATE TABLE IF NOT EXISTS can race on the catalogs.
-			return nil
-		case errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") && attempt < 5 && ctx.Err() == nil:
+			// Concurrent CREATE TABLE IF NOT EXISTS can race on the
+			// catalogs: look again (and check the owner).
+		case errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") && ctx.Err() == nil:
 			// Another session creating the same table holds the catalog
 			// locks longer than this session's lock_timeout: once it has
-			// committed, IF NOT EXISTS finds the table.
-			continue
+			// committed, the table is found.
 		default:
-			return classify(err, table, ddl, privileges)
+			return Table{}, classify(err, table, ddl(t.Quoted()), privileges)
+		}
+		if attempt >= 5 {
+			return Table{}, classify(err, table, ddl(t.Quoted()), privileges)
 		}
 	}
 }
@@ -134,24 +246,19 @@ RETURNING term`
 }
 
 // FenceSQL reads a key's term with a share lock. Its arguments are classid,
-// objid, objsubid.
+// objid, objsubid. It runs in the caller's transaction, under the caller's
+// search_path: its types and operators name pg_catalog.
 func FenceSQL(quoted string) string {
-	return `SELECT term FROM ` + quoted + ` WHERE classid = $1::oid AND objid = $2::oid AND objsubid = $3::int2 FOR SHARE`
+	return `SELECT term FROM ` + quoted + ` WHERE classid OPERATOR(pg_catalog.=) $1::pg_catalog.oid AND objid OPERATOR(pg_catalog.=) $2::pg_catalog.oid AND objsubid OPERATOR(pg_catalog.=) $3::pg_catalog.int2 FOR SHARE`
 }
 
 // HistoryDDL returns the statements that create a history table: a row
 // per term of every key, indexed by key and term (the primary key) and by
 // election time (for retention and for reading a recent window).
 func HistoryDDL(table string) string {
-	q, err := Quote(table)
-	if err != nil {
-		q = table
-	}
-	idx := pgx.Identifier{strings.ReplaceAll(strings.Trim(table, `"`), ".", "_") + "_elected_at"}.Sanitize()
-	if parts := strings.Split(table, "."); len(parts) == 2 {
-		// CREATE INDEX names no schema: the index goes with its table.
-		idx = pgx.Identifier{parts[1] + "_elected_at"}.Sanitize()
-	}
+	q := quoteLoose(table)
+	// CREATE INDEX names no schema: the index goes with its table.
+	idx := pgx.Identifier{lastPart(table) + "_elected_at"}.Sanitize()
 	return `CREATE TABLE IF NOT EXISTS ` + q + ` (
     classid     oid         NOT NULL,  -- the advisory lock, as in the terms table
     objid       oid         NOT NULL,
