@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,7 +129,8 @@ type Group struct {
 
 	mu    sync.Mutex
 	keys  map[tagKey]leader.Key
-	order []tagKey // keys in assignment order (see assign)
+	order []tagKey       // keys in assignment order (see assign)
+	index map[tagKey]int // a key's place in order
 	// The last assignment, kept while its inputs (keys, members, holds)
 	// stay the same: owner[i] is the index in assigned of order[i]'s member.
 	owner    []int
@@ -142,9 +142,20 @@ type Group struct {
 	owned    map[tagKey]*groupTerm
 	ending   map[tagKey]*groupTerm // demoted, OnDemoted still to come: not taken again until then
 	members  []string
-	trustEnd time.Time             // IsLeader is false past it
-	holds    map[tagKey]resignHold // keys resigned by a member: not assigned to it for a while
-	stopping bool
+	// pids are the members' main sessions as the last full round read
+	// them (a member is a session of this member's role holding the
+	// roster lock): a group message is believed only from one of them.
+	pids map[uint32]string
+	// joined: this session holds the roster lock (another session may
+	// hold it exclusively; see join). hintAt: no message from an unknown
+	// session triggers a full round before it.
+	joined     bool
+	joinErr    string
+	joinWarned time.Time
+	hintAt     time.Time
+	trustEnd   time.Time             // IsLeader is false past it
+	holds      map[tagKey]resignHold // keys resigned by a member: not assigned to it for a while
+	stopping   bool
 	// termSQL installs terms in termsTable, as this session found it.
 	termSQL, termsTable string
 
@@ -155,8 +166,11 @@ type Group struct {
 	gone     map[string]time.Time
 	soon     bool // run the next round within a few milliseconds
 	// pending are resigns told to their heirs, for the group with the
-	// next full round.
-	pending []string
+	// next full round; goneOut the members this member's crash watch saw
+	// go, for the group with the next full round (sent from this session,
+	// whose pid the others know, not from the watch's).
+	pending, goneOut []lockconn.GroupMessage
+	fullSoon         bool // the next round is full, whatever woke it
 	// markerSQL is the marker prepared on the current session (the
 	// session loop's alone).
 	markerSQL string
@@ -234,8 +248,12 @@ func (g *Group) setKeys(keys []leader.Key) error {
 		m[t] = k
 	}
 	order := keyOrder(m)
+	index := make(map[tagKey]int, len(order))
+	for i, k := range order {
+		index[k] = i
+	}
 	g.mu.Lock()
-	g.keys, g.order, g.rekey = m, order, true
+	g.keys, g.order, g.index, g.rekey = m, order, index, true
 	g.mu.Unlock()
 	return nil
 }
@@ -412,22 +430,9 @@ func (g *Group) session(ctx context.Context) (err error) {
 		g.termSQL, g.termsTable = groupBumpSQL(tbl.Quoted()), tbl.Raw(c.Fencing.Table)
 		g.mu.Unlock()
 	}
-	// Join: the member lock (one member per identity), the roster lock,
-	// the channel, and a word to the others.
-	var alone bool
-	if err := conn.QueryRow(sctx, fmt.Sprintf("SELECT pg_try_advisory_lock(%d, $1)", lockconn.HeirClass),
-		memberLock(c.Group, c.Identity)).Scan(&alone); err != nil {
+	if err := g.join(sctx, conn); err != nil {
 		return err
 	}
-	if !alone {
-		return fmt.Errorf("another session named %q is a member of group %q (identities must be unique in a group; an old session of this member may also linger until its lease ends)", c.Identity, c.Group)
-	}
-	if _, err := conn.Exec(sctx, "LISTEN "+pgx.Identifier{g.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{g.myChannel}.Sanitize()+
-		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d), pg_notify('%s', 'joined')", lockconn.HeirClass, g.roster, g.channel),
-		pgx.QueryExecModeSimpleProtocol); err != nil {
-		return err
-	}
-	g.log.Info("joined")
 	g.mu.Lock()
 	g.stats.connected = true
 	g.mu.Unlock()
@@ -454,7 +459,10 @@ func (g *Group) session(ctx context.Context) (err error) {
 	var began time.Time
 	wake := wakeFull
 	for {
-		full := wake == wakeFull || time.Since(began) >= c.RenewInterval
+		g.mu.Lock()
+		full := wake == wakeFull || time.Since(began) >= c.RenewInterval || g.fullSoon
+		g.fullSoon = false
+		g.mu.Unlock()
 		if full {
 			began = time.Now()
 		}
@@ -470,7 +478,8 @@ func (g *Group) session(ctx context.Context) (err error) {
 			// the others take this member's keys' new shares at once
 			// rather than at their next full round.
 			lctx, cancel := context.WithTimeout(context.Background(), c.RenewDeadline)
-			_, err := conn.Exec(lctx, `SELECT pg_advisory_unlock_all(), pg_notify($1, $2)`, g.channel, "gone "+c.Identity)
+			_, err := conn.Exec(lctx, `SELECT pg_advisory_unlock_all(), pg_notify($1, $2)`, g.channel,
+				lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupGone, Member: c.Identity}))
 			cancel()
 			if err != nil {
 				g.log.Debug("leaving: could not tell the group", zap.Error(err))
@@ -489,6 +498,111 @@ func (g *Group) session(ctx context.Context) (err error) {
 			return err
 		}
 	}
+}
+
+// join takes the member lock (one member per identity), listens on the
+// group's channels, takes the roster lock, which makes this session a
+// member, and tells the group. Any role can take any advisory lock: a
+// member lock held by a session of another role does not stop the join
+// (this member then goes unwatched by the others' crash watch: its death
+// is seen at their next round); a roster lock held exclusively does, until
+// it is freed (tryJoin tries again at every full round, and says who
+// holds it).
+func (g *Group) join(ctx context.Context, conn *pgx.Conn) error {
+	c := g.cfg
+	var mine bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, lockconn.HeirClass, memberLock(c.Group, c.Identity)).Scan(&mine); err != nil {
+		return err
+	}
+	if !mine {
+		h, err := exclusiveHolder(ctx, conn, memberLock(c.Group, c.Identity))
+		if err != nil {
+			return err
+		}
+		if h.ownRole || h.pid == 0 {
+			return fmt.Errorf("another session named %q is a member of group %q (%s; identities must be unique in a group, and an old session of this member may linger until its lease ends)", c.Identity, c.Group, h)
+		}
+		g.log.Warn("this member's lock is held by a session of another role; joining without it: the crash watch cannot watch this member, so the others see its death at their next round",
+			zap.Uint32("holder_pid", h.pid), zap.String("holder_role", h.role), zap.String("holder_application_name", h.app))
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{g.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{g.myChannel}.Sanitize(),
+		pgx.QueryExecModeSimpleProtocol); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.joined = false
+	g.mu.Unlock()
+	return g.tryJoin(ctx, conn)
+}
+
+// joinSQL takes the roster lock in share mode and, only when it did, tells
+// the group (the NOTIFY is an InitPlan in the CASE's THEN branch, which
+// PostgreSQL runs only when that branch is taken).
+const joinSQL = `SELECT CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN (SELECT true FROM pg_notify($3, $4)) ELSE false END`
+
+// tryJoin takes the roster lock, or says who holds it exclusively (a Warn
+// and Status().LastError, at most once a minute).
+func (g *Group) tryJoin(ctx context.Context, conn *pgx.Conn) error {
+	var ok bool
+	if err := conn.QueryRow(ctx, joinSQL, lockconn.HeirClass, g.roster, g.channel,
+		lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupJoined})).Scan(&ok); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.joined = ok
+	due := !ok && time.Now().After(g.joinWarned.Add(time.Minute))
+	if ok {
+		g.joinErr = ""
+	}
+	g.mu.Unlock()
+	if ok {
+		g.log.Info("joined")
+		return nil
+	}
+	if !due {
+		return nil
+	}
+	h, err := exclusiveHolder(ctx, conn, g.roster)
+	if err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("cannot join group %q: its roster lock (%d, %d) is held exclusively by %s; this member leads nothing until it is freed",
+		g.cfg.Group, uint32(lockconn.HeirClass), uint32(g.roster), h)
+	g.log.Warn(msg, zap.Uint32("holder_pid", h.pid), zap.String("holder_role", h.role), zap.String("holder_application_name", h.app))
+	g.mu.Lock()
+	g.joinErr, g.joinWarned, g.stats.lastErr = msg, time.Now(), msg
+	g.mu.Unlock()
+	return nil
+}
+
+// holder is a session that holds a lock of pgleader's space.
+type holder struct {
+	pid       uint32
+	role, app string
+	ownRole   bool // the session's role is this session's
+}
+
+func (h holder) String() string {
+	if h.pid == 0 {
+		return "a session no longer there"
+	}
+	return fmt.Sprintf("pid %d (role %q, application_name %q)", h.pid, h.role, h.app)
+}
+
+// exclusiveHolder looks up who holds the lock (HeirClass, obj)
+// exclusively: one read of pg_locks, made only when a try failed.
+func exclusiveHolder(ctx context.Context, conn *pgx.Conn, obj int32) (holder, error) {
+	var h holder
+	var pid int32
+	err := conn.QueryRow(ctx, `SELECT l.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''), coalesce(a.usename = session_user, false)
+FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid)
+WHERE l.locktype = 'advisory' AND l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2 AND l.granted
+  AND l.mode = 'ExclusiveLock' AND l.pid <> pg_backend_pid() LIMIT 1`, uint32(lockconn.HeirClass), uint32(obj)).Scan(&pid, &h.role, &h.app, &h.ownRole)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return holder{}, nil
+	}
+	h.pid = uint32(pid)
+	return h, err
 }
 
 // What ends an idle wait, and so which round follows.
@@ -548,37 +662,65 @@ func (g *Group) idle(ctx context.Context, conn *pgx.Conn, self uint32, until tim
 }
 
 // heard handles a notification; it reports whether a round should run
-// now, and which.
+// now, and which. NOTIFY is not authenticated, but the server stamps the
+// sender's backend pid: a message is believed only from a member's main
+// session as the last full round read it (and a resign only from the
+// member that owns the key). From any other session a join is a hint
+// (one full round at most every hintEvery, which checks pg_locks itself);
+// everything else, and anything malformed, is dropped and costs nothing.
 func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 	if n.Channel != g.channel && n.Channel != g.myChannel || n.PID == self {
 		return 0, false
 	}
-	if member, ok := strings.CutPrefix(n.Payload, "gone "); ok {
-		g.mu.Lock()
-		g.gone[member] = time.Now()
-		g.mu.Unlock()
-		return wakeFull, true
-	}
-	if n.Payload == "released" {
-		return wakeLight, true
-	}
-	// "<member> resigned <tag> to <member>": only the heir need act now.
-	if member, rest, ok := strings.Cut(n.Payload, " resigned "); ok {
-		tag, to, _ := strings.Cut(rest, " to ")
-		var t tagKey
-		if _, err := fmt.Sscanf(tag, "%d.%d.%d", &t.c, &t.o, &t.s); err == nil {
-			g.mu.Lock()
-			g.holds[t] = resignHold{member: member, until: time.Now().Add(10 * g.cfg.RenewInterval)}
-			g.dirty = true
-			heir := to == g.cfg.Identity
-			if heir {
-				g.gifts[t] = true
-			}
-			g.mu.Unlock()
-			return wakeLight, heir
+	m, err := lockconn.ParseGroup(n.Payload)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sender, member := g.pids[n.PID]
+	switch {
+	case err != nil:
+	case !member:
+		if now := time.Now(); m.Kind == lockconn.GroupJoined && !now.Before(g.hintAt) {
+			g.hintAt = now.Add(g.hintEvery())
+			return wakeFull, true
 		}
+	case m.Kind == lockconn.GroupJoined:
+		return wakeFull, true
+	case m.Kind == lockconn.GroupReleased:
+		return wakeLight, true
+	case m.Kind == lockconn.GroupGone:
+		g.gone[m.Member] = time.Now()
+		return wakeFull, true
+	case m.Kind == lockconn.GroupResigned && m.Member == sender && g.owns(tagKey{m.Key.C, m.Key.O, m.Key.S}, sender):
+		// Only the heir need act now.
+		k := tagKey{m.Key.C, m.Key.O, m.Key.S}
+		g.holds[k] = resignHold{member: sender, until: time.Now().Add(10 * g.cfg.RenewInterval)}
+		g.dirty = true
+		heir := m.To == g.cfg.Identity
+		if heir {
+			g.gifts[k] = true
+		}
+		return wakeLight, heir
 	}
-	return wakeFull, true
+	g.stats.dropped++
+	return 0, false
+}
+
+// hintEvery is how often a message from a session that is not a known
+// member may trigger a full round.
+func (g *Group) hintEvery() time.Duration { return max(g.cfg.RenewInterval/4, time.Millisecond) }
+
+// owns reports whether member owns key k as this member sees it: the last
+// assignment gives k to member, or member's own resign of k is already
+// held (g.mu held).
+func (g *Group) owns(k tagKey, member string) bool {
+	if h, ok := g.holds[k]; ok && h.member == member {
+		return true
+	}
+	i, ok := g.index[k]
+	if !ok || i >= len(g.owner) || g.owner[i] < 0 || g.owner[i] >= len(g.assigned) {
+		return false
+	}
+	return g.assigned[g.owner[i]] == member
 }
 
 // checkCapacity refuses a group the server's lock table cannot hold.
@@ -605,13 +747,17 @@ func (g *Group) capacityError(keys, perTx, conns, prepared int, cause error) err
 
 // scanSQL proves this session's locks and reads the members, in one scan
 // of pg_locks: one row per advisory lock this backend holds exclusively
-// (outside pgleader's own space), then one per member.
+// (outside pgleader's own space), then one per member, with its backend
+// pid. A member is a session of this session's own login role that holds
+// the roster lock: any role can take that lock, and a session of another
+// role that does is not a member (keys assigned to it would go unled).
 var scanSQL = `WITH l AS MATERIALIZED (SELECT classid, objid, objsubid, pid, granted, mode FROM pg_locks
   WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
-SELECT true, classid, objid, objsubid, '' FROM l WHERE pid = pg_backend_pid() AND granted AND mode = 'ExclusiveLock' AND classid <> ` + fmt.Sprint(uint32(lockconn.HeirClass)) + `
+SELECT true, classid, objid, objsubid, '', 0 FROM l WHERE pid = pg_backend_pid() AND granted AND mode = 'ExclusiveLock' AND classid <> ` + fmt.Sprint(uint32(lockconn.HeirClass)) + `
 UNION ALL
-SELECT false, 0, 0, 0, coalesce(a.application_name, '') FROM l JOIN pg_stat_activity a USING (pid)
-  WHERE l.classid = ` + fmt.Sprint(uint32(lockconn.HeirClass)) + ` AND l.objid = $1::oid AND l.objsubid = 2 AND l.granted`
+SELECT false, 0, 0, 0, coalesce(a.application_name, ''), l.pid FROM l JOIN pg_stat_activity a USING (pid)
+  WHERE l.classid = ` + fmt.Sprint(uint32(lockconn.HeirClass)) + ` AND l.objid = $1::oid AND l.objsubid = 2 AND l.granted
+    AND a.usename = session_user`
 
 const checkSQL = `SELECT pg_backend_pid(), current_setting('pgleader.owner', true), pg_is_in_recovery()`
 
@@ -634,13 +780,19 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	g.mu.Unlock()
 	rctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	held, members := map[tagKey]bool{}, []string(nil)
+	held, members, pids := map[tagKey]bool{}, []string(nil), map[uint32]string(nil)
 	if full {
 		g.mu.Lock()
-		hook := g.testRound
+		hook, joined, gone := g.testRound, g.joined, g.goneOut
+		g.goneOut = nil
 		g.mu.Unlock()
 		if hook != nil {
 			hook(rctx, conn)
+		}
+		if !joined {
+			if err := g.tryJoin(rctx, conn); err != nil {
+				return err
+			}
 		}
 		marker := g.marker()
 		if marker != g.markerSQL {
@@ -657,10 +809,18 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 		b := &pgx.Batch{}
 		b.Queue(checkSQL)
 		b.Queue(scanSQL, uint32(g.roster))
+		if len(gone) > 0 {
+			// What the crash watch saw, from this session (whose pid the
+			// others know): they run a round at once.
+			b.Queue(syncOffSQL)
+			for _, m := range gone {
+				b.Queue(notifySQL, g.channel, lockconn.EncodeGroup(m))
+			}
+		}
 		b.Queue(marker)
 		br := conn.SendBatch(rctx, b)
 		var err error
-		held, members, err = readScan(br, sess)
+		held, members, pids, err = readScan(br, sess)
 		br.Close()
 		if err != nil {
 			if rctx.Err() != nil {
@@ -674,8 +834,8 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	g.stats.lastStep = time.Now()
 	if full {
 		g.stats.rounds++
-		g.stats.lastRound, g.stats.lastErr = sent, ""
-		g.members = members
+		g.stats.lastRound, g.stats.lastErr = sent, g.joinErr
+		g.members, g.pids = members, pids
 		g.trustEnd = sent.Add(c.RenewDeadline)
 		g.watchNext(sent)
 		// Keys whose lock is gone: demoted alone, nothing to release.
@@ -707,7 +867,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	// Members changed: tell them of this member's resigns still held (a
 	// member that joined since has not heard of them, and would assign
 	// those keys back to this member, which would not take them).
-	var rebroadcast []string
+	var rebroadcast []lockconn.GroupMessage
 	if full {
 		rebroadcast, g.pending = g.pending, nil
 	}
@@ -715,7 +875,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 		for k, h := range g.holds {
 			if h.member == c.Identity {
 				if heir := heirOf(k, members, c.Identity); heir != "" {
-					rebroadcast = append(rebroadcast, fmt.Sprintf("%s resigned %d.%d.%d to %s", c.Identity, k.c, k.o, k.s, heir))
+					rebroadcast = append(rebroadcast, resignedMessage(c.Identity, k, heir))
 				}
 			}
 		}
@@ -747,7 +907,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	// done (or past ReleaseTimeout).
 	var unlock []tagKey
 	var released []*groupTerm
-	var resigned []string
+	var resigned []lockconn.GroupMessage
 	for k, t := range g.owned {
 		if !mine[k] {
 			g.release(t, leader.ErrResigned)
@@ -774,11 +934,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 			unlock = append(unlock, k)
 			released = append(released, t)
 			if h, ok := g.holds[k]; ok && h.member == c.Identity && errors.Is(t.reason, leader.ErrResigned) {
-				r := fmt.Sprintf("%s resigned %d.%d.%d", c.Identity, k.c, k.o, k.s)
-				if heir := heirOf(k, members, c.Identity); heir != "" {
-					r += " to " + heir
-				}
-				resigned = append(resigned, r)
+				resigned = append(resigned, resignedMessage(c.Identity, k, heirOf(k, members, c.Identity)))
 			}
 		}
 	}
@@ -890,37 +1046,45 @@ func (g *Group) watchNext(sent time.Time) {
 	}
 }
 
-// readScan reads the check and the scan.
-func readScan(br pgx.BatchResults, sess lockconn.Session) (map[tagKey]bool, []string, error) {
+// readScan reads the check and the scan: this session's keys, the
+// members' names and their main sessions' pids.
+func readScan(br pgx.BatchResults, sess lockconn.Session) (map[tagKey]bool, []string, map[uint32]string, error) {
 	if err := readCheck(br, sess); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer rows.Close()
-	held := map[tagKey]bool{}
+	held, pids := map[tagKey]bool{}, map[uint32]string{}
 	var members []string
 	for rows.Next() {
 		var own bool
 		var c, o uint32
 		var s int16
 		var member string
-		if err := rows.Scan(&own, &c, &o, &s, &member); err != nil {
-			return nil, nil, err
+		var pid int32
+		if err := rows.Scan(&own, &c, &o, &s, &member, &pid); err != nil {
+			return nil, nil, nil, err
 		}
 		if own {
 			held[tagKey{c, o, s}] = true
 		} else {
 			members = append(members, member)
+			pids[uint32(pid)] = member
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	slices.Sort(members)
-	return held, slices.Compact(members), nil
+	return held, slices.Compact(members), pids, nil
+}
+
+// resignedMessage tells the group that member resigned k to heir.
+func resignedMessage(member string, k tagKey, heir string) lockconn.GroupMessage {
+	return lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: member, Key: lockconn.Tag3{C: k.c, O: k.o, S: k.s}, To: heir}
 }
 
 // heirChannel is the NOTIFY channel of one member: a resign tells the
@@ -930,10 +1094,10 @@ func (g *Group) heirChannel(identity string) string {
 }
 
 // broadcast tells the whole group of resigns whose heirs were told alone.
-func (g *Group) broadcast(ctx context.Context, conn *pgx.Conn, resigned []string) error {
+func (g *Group) broadcast(ctx context.Context, conn *pgx.Conn, resigned []lockconn.GroupMessage) error {
 	b := &pgx.Batch{}
 	for _, r := range resigned {
-		b.Queue(notifySQL, g.channel, r)
+		b.Queue(notifySQL, g.channel, lockconn.EncodeGroup(r))
 	}
 	b.Queue(g.marker())
 	return conn.SendBatch(ctx, b).Close()
@@ -1007,7 +1171,7 @@ func (g *Group) prepare(ctx context.Context, conn *pgx.Conn) error {
 // group when it released anything. It returns the keys won. check sends
 // the session check first, in the same round trip (a light round, which
 // read nothing before).
-func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, check bool, unlock, want []tagKey, resigned []string) ([]tagKey, error) {
+func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, check bool, unlock, want []tagKey, resigned []lockconn.GroupMessage) ([]tagKey, error) {
 	b := &pgx.Batch{}
 	pid, tok := int32(sess.PID), sess.Token
 	if check {
@@ -1020,7 +1184,6 @@ func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Sess
 	nNotify := 0
 	if len(unlock) > 0 {
 		i8, pa, pb := split(unlock)
-		payload := "released"
 		b.Queue(unlockSQL, pid, tok, i8)
 		b.Queue(unlockPairSQL, pid, tok, pa, pb)
 		before := len(b.QueuedQueries)
@@ -1029,15 +1192,15 @@ func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Sess
 		// the hand-over's path (see broadcast).
 		others := len(resigned) == 0
 		for _, r := range resigned {
-			if _, to, ok := strings.Cut(r, " to "); ok {
-				b.Queue(notifySQL, g.heirChannel(to), r)
+			if r.To != "" {
+				b.Queue(notifySQL, g.heirChannel(r.To), lockconn.EncodeGroup(r))
 			}
 		}
 		if len(unlock) > len(resigned) {
 			others = true
 		}
 		if others {
-			b.Queue(notifySQL, g.channel, payload)
+			b.Queue(notifySQL, g.channel, lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupReleased}))
 		}
 		nNotify = len(b.QueuedQueries) - before
 	}

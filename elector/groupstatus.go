@@ -38,8 +38,10 @@ type GroupStatus struct {
 	LastError string
 	// Rounds and LightRounds count the rounds of this process's life;
 	// WatchWaits the crash watch's lock waits (each one round trip that
-	// sleeps on the server).
-	Rounds, LightRounds, WatchWaits int64
+	// sleeps on the server); Dropped the group notifications not believed
+	// (malformed, or from a session that is not a member: NOTIFY is not
+	// authenticated, so another role may send them).
+	Rounds, LightRounds, WatchWaits, Dropped int64
 	// Elected counts tenures begun; Demoted counts tenures ended, by
 	// leader.ReasonLabel.
 	Elected int64
@@ -56,6 +58,7 @@ type groupStats struct {
 	lastErr             string
 	rounds, light       int64
 	watchWaits          int64
+	dropped             int64 // group messages not believed (see heard)
 	elected             int64
 	demoted             map[string]int64
 }
@@ -67,7 +70,7 @@ func (g *Group) Status() GroupStatus {
 	defer g.mu.Unlock()
 	st := GroupStatus{Group: g.cfg.Group, Identity: g.cfg.Identity, Members: append([]string(nil), g.members...),
 		Keys: len(g.keys), Owned: owned, Tenures: len(g.owned), Connected: g.stats.connected, LastRound: g.stats.lastRound, LastStep: g.stats.lastStep,
-		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, WatchWaits: g.stats.watchWaits, Elected: g.stats.elected,
+		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, WatchWaits: g.stats.watchWaits, Dropped: g.stats.dropped, Elected: g.stats.elected,
 		Demoted:       map[string]int64{},
 		RenewInterval: g.cfg.RenewInterval, RenewDeadline: g.cfg.RenewDeadline, LeaseDuration: g.cfg.LeaseDuration, ReleaseTimeout: g.cfg.ReleaseTimeout}
 	for _, r := range leader.ReasonLabels {

@@ -2,6 +2,7 @@ package elector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
@@ -23,8 +25,10 @@ import (
 // in HeirClass's space, named after the group and its identity), and a
 // second connection, the watch, queues in share mode on the member lock of
 // the next member in name order (a ring: each member is watched by one
-// other). The watched member's death grants the wait; the watch then
-// NOTIFYs the group, and every member runs a round at once.
+// other). The watched member's death grants the wait; the watch then has
+// its own member run a full round at once, which tells the group from the
+// member's main session (whose pid the others know, so that they believe
+// it), and every member runs a round.
 //
 // The watch is quiet like a follower: its wait runs inside a session
 // function whose exception block catches lock_timeout (no server log line),
@@ -44,10 +48,9 @@ func memberLock(group, identity string) int32 {
 }
 
 // ringFunc is the watch's session function: it waits up to wait_ms for the
-// member lock (a, b) in share mode, reports whether its holder is gone,
-// tells the group so, and holds nothing when it returns. NULL on a standby
-// (which cannot NOTIFY).
-const ringFunc = `CREATE OR REPLACE FUNCTION pg_temp.pgleader_ring(a int4, b int4, wait_ms int, chan text, who text) RETURNS bool
+// member lock (a, b) in share mode, reports whether its holder is gone, and
+// holds nothing when it returns. NULL on a standby.
+const ringFunc = `CREATE OR REPLACE FUNCTION pg_temp.pgleader_ring(a int4, b int4, wait_ms int) RETURNS bool
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 DECLARE
   gone bool;
@@ -62,9 +65,6 @@ BEGIN
   END;
   gone := pg_try_advisory_lock_shared(a, b);
   PERFORM pg_advisory_unlock_all();
-  IF gone THEN
-    PERFORM pg_notify(chan, 'gone ' || who);
-  END IF;
   RETURN gone;
 EXCEPTION WHEN query_canceled THEN
   -- The member stops: its cancel request ends the wait without an error
@@ -72,6 +72,17 @@ EXCEPTION WHEN query_canceled THEN
   PERFORM pg_advisory_unlock_all();
   RETURN false;
 END $f$`
+
+// reportGone has the next round run at once, and tell the group that
+// member is gone.
+func (g *Group) reportGone(member string) {
+	g.mu.Lock()
+	g.goneOut = append(g.goneOut, lockconn.GroupMessage{Kind: lockconn.GroupGone, Member: member})
+	g.gone[member] = time.Now()
+	g.fullSoon = true
+	g.mu.Unlock()
+	g.poke()
+}
 
 // ringNext returns the member after me in name order ("" when alone or
 // not listed).
@@ -93,6 +104,13 @@ func (g *Group) watchRing(ctx context.Context, targets <-chan string) {
 		began := time.Now()
 		err := g.watchSession(ctx, targets, &target)
 		if ctx.Err() != nil {
+			return
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "25006") {
+			// No TEMP privilege, or a read-only role: every new session
+			// would fail the same way, with an ERROR in the server's log.
+			g.log.Warn("crash watch off for this process: its session function cannot be created (no TEMP privilege, or a read-only role); a member's death is seen at the next round instead", zap.Error(err))
 			return
 		}
 		attempt, delay := r.next(time.Since(began), err)
@@ -194,8 +212,8 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		}()
 		wctx, cancel := context.WithTimeout(context.Background(), wait+c.RenewDeadline)
 		var gone *bool
-		err := conn.QueryRow(wctx, `SELECT pg_temp.pgleader_ring($1, $2, $3, $4, $5)`,
-			lockconn.HeirClass, memberLock(c.Group, *target), int32(max(1, wait.Milliseconds())), g.channel, *target).Scan(&gone)
+		err := conn.QueryRow(wctx, `SELECT pg_temp.pgleader_ring($1, $2, $3)`,
+			lockconn.HeirClass, memberLock(c.Group, *target), int32(max(1, wait.Milliseconds()))).Scan(&gone)
 		cancel()
 		mu.Lock()
 		inCall = false
@@ -222,6 +240,7 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 		}
 		if *gone && !retargeted {
 			g.log.Debug("crash watch: a member is gone", zap.String("member", *target))
+			g.reportGone(*target)
 			// Watch it again only once a round named the next target.
 			*target = ""
 		}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
@@ -165,5 +168,190 @@ func TestForeignTermsTableRefused(t *testing.T) {
 	defer mu.Unlock()
 	if got.Term != 1 || got.TermsTable != "public."+table {
 		t.Fatalf("trusted table: term %d in %q", got.Term, got.TermsTable)
+	}
+}
+
+// groupChannels are a group's channel and a member's own channel, as any
+// role can compute them from the group's name.
+func groupChannels(group, member string) (string, string) {
+	_, roster := elector.GroupRoster(group)
+	h := fnv.New32a()
+	fmt.Fprintf(h, "member|%s|%s", group, member)
+	ch := fmt.Sprintf("pgleader.group.%d", roster)
+	return ch, fmt.Sprintf("%s.%d", ch, h.Sum32())
+}
+
+func electionsOf(w *groupWatch) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, e := range w.elected {
+		n += e
+	}
+	return n
+}
+
+// waitFullRounds waits until every member has run n more full rounds.
+func waitFullRounds(t *testing.T, n int64, ms ...*member) {
+	t.Helper()
+	for _, m := range ms {
+		st := m.g.Status()
+		eventually(t, st.Identity+" runs its rounds", func() (bool, string) {
+			return m.g.Status().Rounds >= st.Rounds+n, ""
+		})
+	}
+}
+
+// Forged group messages: resigns of every key a member owns, in this
+// version's encoding and the one before, on the group's channel and on
+// the heir's own; joins, releases and "gone" for live members; and junk.
+// None moves a key, and junk costs no round.
+func TestGroupForgedMessages(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	group := t.Name()
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 10)
+	a := startMember(t, r.AppDSN, group, "m-a", keys, w)
+	b := startMember(t, r.AppDSN, group, "m-b", keys, w)
+	balanced(t, w, len(keys), 5, 5, "m-a", "m-b")
+	before := electionsOf(w)
+	ch, chB := groupChannels(group, "m-b")
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	send := func(channel, payload string) {
+		t.Helper()
+		if _, err := evil.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rounds := a.g.Status().Rounds
+	began := time.Now()
+	for range 3 {
+		for _, k := range a.g.Owned() {
+			c, o, s := k.LockTag()
+			tag := fmt.Sprintf("%d.%d.%d", c, o, s)
+			for _, p := range []string{
+				"m-a resigned " + tag + " to m-b",  // the encoding before
+				`resigned "m-a" ` + tag + ` "m-b"`, // this one
+				`resigned "m-a" ` + tag + ` ""`,    // to nobody
+			} {
+				send(ch, p)
+				send(chB, p)
+			}
+		}
+		for _, p := range []string{`gone "m-a"`, `gone "m-b"`, "gone m-a", "released", "junk"} {
+			send(ch, p)
+		}
+	}
+	for i := range 300 {
+		send(ch, fmt.Sprintf("junk %d", i))
+	}
+	waitFullRounds(t, 5, a, b)
+	if n := electionsOf(w) - before; n != 0 {
+		t.Fatalf("%d elections after forged messages", n)
+	}
+	balanced(t, w, len(keys), 5, 5, "m-a", "m-b")
+	// The forged messages cost no round: the rounds ran on their schedule
+	// (one per 100 ms), with a little slack for the machine.
+	elapsed := time.Since(began)
+	if extra := a.g.Status().Rounds - rounds - int64(elapsed/(100*time.Millisecond)); extra > 5 {
+		t.Errorf("%d more full rounds than the schedule's in %s", extra, elapsed)
+	}
+	if st := a.g.Status(); st.Dropped == 0 {
+		t.Errorf("Status().Dropped = 0 after forged messages")
+	}
+}
+
+// A flood of forged joins (which may be a real member joining, so each is
+// a hint) triggers at most one full round per quarter interval.
+func TestGroupJoinFloodIsRateLimited(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	group := t.Name()
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	m := startMember(t, r.AppDSN, group, "m-a", keys, w)
+	balanced(t, w, len(keys), 4, 4, "m-a")
+	ch, _ := groupChannels(group, "m-a")
+	evil := r.EvilConn(t)
+	rounds := m.g.Status().Rounds
+	began := time.Now()
+	for range 500 {
+		if _, err := evil.Exec(context.Background(), "SELECT pg_notify($1, 'joined')", ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFullRounds(t, 3, m) // the member has read them all
+	elapsed := time.Since(began)
+	// The schedule's rounds (one per 100 ms) plus at most one per 25 ms.
+	if got, most := m.g.Status().Rounds-rounds, int64(elapsed/(100*time.Millisecond)+elapsed/(25*time.Millisecond))+5; got > most {
+		t.Errorf("%d full rounds in %s of forged joins, want at most %d", got, elapsed, most)
+	}
+}
+
+// A session of another role that holds a group's roster lock in share mode
+// (as members do) is not a member: no key is assigned to it, so none goes
+// unled.
+func TestGroupIgnoresForeignMember(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	group := t.Name()
+	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name=ghost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close(context.Background())
+	c, o := elector.GroupRoster(group)
+	if _, err := evil.Exec(context.Background(), "SELECT pg_advisory_lock_shared($1::int4, $2::int4)", int32(c), int32(o)); err != nil {
+		t.Fatal(err)
+	}
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 6)
+	m := startMember(t, r.AppDSN, group, "m-a", keys, w)
+	balanced(t, w, len(keys), 6, 6, "m-a")
+	if got := m.g.Members(); len(got) != 1 || got[0] != "m-a" {
+		t.Fatalf("members: %v", got)
+	}
+}
+
+// Another role that holds the roster lock exclusively keeps a member from
+// joining: it says so, naming the holder, and joins once the lock is free.
+// One that holds the member's own lock does not keep it out.
+func TestGroupSquattedLocks(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	group := t.Name()
+	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name=squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close(context.Background())
+	ctx := context.Background()
+	c, o := elector.GroupRoster(group)
+	h := fnv.New32a()
+	fmt.Fprintf(h, "member|%s|%s", group, "m-a")
+	var evilPid int32
+	if err := evil.QueryRow(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1::int4, $2::int4) a, pg_advisory_lock($1::int4, $3::int4) b",
+		int32(c), int32(o), int32(h.Sum32())).Scan(&evilPid); err != nil {
+		t.Fatal(err)
+	}
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 3)
+	m := startMember(t, r.AppDSN, group, "m-a", keys, w)
+	eventually(t, "the member says who keeps it out", func() (bool, string) {
+		st := m.g.Status()
+		return strings.Contains(st.LastError, fmt.Sprint("pid ", evilPid)) && strings.Contains(st.LastError, r.Evil) &&
+			strings.Contains(st.LastError, "squatter"), st.LastError
+	})
+	if _, n := w.counts(); n != 0 {
+		t.Fatalf("%d keys led by a member that could not join", n)
+	}
+	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", int32(c), int32(o)); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, len(keys), 3, 3, "m-a")
+	if st := m.g.Status(); st.LastError != "" {
+		t.Errorf("LastError after joining: %q", st.LastError)
 	}
 }
