@@ -75,6 +75,8 @@ type Elector struct {
 	pendingDemotion          *demotion
 	termsTable, historyTable terms.Table
 
+	requests requests // resign requests taken up, refused, dropped
+
 	mu     sync.Mutex
 	tenure *tenure
 	cbDone chan struct{} // closed when the last OnElected returned

@@ -15,6 +15,8 @@ import (
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // A shared database: the tests below run pgleader as an ordinary role,
@@ -353,5 +355,224 @@ func TestGroupSquattedLocks(t *testing.T) {
 	balanced(t, w, len(keys), 3, 3, "m-a")
 	if st := m.g.Status(); st.LastError != "" {
 		t.Errorf("LastError after joining: %q", st.LastError)
+	}
+}
+
+// keyChannels are a key's announcement, resign and reserve channels, and
+// its gate lock, as any role can compute them.
+func keyChannels(key leader.Key) (announce, resign, reserve string, gate int32) {
+	c, o, s := key.LockTag()
+	tag := fmt.Sprintf("%d.%d.%d", c, o, s)
+	h := fnv.New32a()
+	fmt.Fprint(h, tag)
+	return "pgleader." + tag, "pgleader.resign." + tag, "pgleader.reserve." + tag, int32(h.Sum32()) - 1
+}
+
+// Forged announcements of a leader (and of vacancies) on a key's channel:
+// no elector reports the forged name (Leader(), OnNewLeader), nor does
+// Observe, and the real leader keeps leading.
+func TestForgedAnnouncements(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	var els []*running
+	for i := range 4 {
+		els = append(els, start(t, rec, opts{dsn: r.AppDSN, key: key, id: fmt.Sprintf("ann-%d", i)}))
+	}
+	first := rec.next("elected", "").id
+	waitAllSee(t, map[string]*running{"0": els[0], "1": els[1], "2": els[2], "3": els[3]}, first)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var observed []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		elector.Observe(ctx, elector.DSN(r.AppDSN), key, func(id string) {
+			mu.Lock()
+			observed = append(observed, id)
+			mu.Unlock()
+		})
+	}()
+	eventually(t, "Observe reports the leader", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(observed) > 0 && observed[len(observed)-1] == first, fmt.Sprint(observed)
+	})
+	announce, _, _, _ := keyChannels(key)
+	evil := r.EvilConn(t)
+	for i := range 300 {
+		payload := "EVIL"
+		if i%3 == 2 {
+			payload = "" // a forged vacancy
+		}
+		if _, err := evil.Exec(ctx, "SELECT pg_notify($1, $2)", announce, payload); err != nil {
+			t.Fatal(err)
+		}
+		for _, rn := range els {
+			if l := rn.e.Leader(); l != first {
+				t.Fatalf("%s: Leader() = %q during forged announcements, want %s", rn.e.Identity(), l, first)
+			}
+		}
+	}
+	waitRounds(t, els, 3)
+	for _, rn := range els {
+		if l := rn.e.Leader(); l != first {
+			t.Fatalf("%s: Leader() = %q after forged announcements, want %s", rn.e.Identity(), l, first)
+		}
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range observed {
+		if id != first {
+			t.Fatalf("Observe reported %q (all: %v)", id, observed)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, e := range rec.events {
+		if e.kind == "newleader" && e.leader != first || e.kind == "elected" && e.id != first {
+			t.Fatalf("event %+v after forged announcements", e)
+		}
+	}
+}
+
+// Another role holding a key's gate lock (the lock a leader takes to
+// reserve the key for a named candidate) does not stall the key: when the
+// leader steps down, the next one is elected within an election's bound.
+func TestForeignGateDoesNotStall(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	key := testKey(t)
+	_, _, _, gate := keyChannels(key)
+	evil := r.EvilConn(t)
+	if _, err := evil.Exec(context.Background(), "SELECT pg_advisory_lock($1::int4, $2::int4)", int32(0x70674C48), gate); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(t)
+	var els []*running
+	for i := range 3 {
+		els = append(els, start(t, rec, opts{dsn: r.AppDSN, key: key, id: fmt.Sprintf("gate-%d", i)}))
+	}
+	cur := rec.next("elected", "")
+	for range 3 {
+		waitRounds(t, els, 2)
+		for _, rn := range els {
+			if rn.e.Identity() != cur.id {
+				continue
+			}
+			began := time.Now()
+			if err := rn.e.Resign(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			next := rec.next("elected", "")
+			// The bound of one election with these settings: a lease and a
+			// watcher's poll, with room for a loaded machine.
+			if took := time.Since(began); took > 3*tLease {
+				t.Fatalf("%s elected %s after %s resigned, with another role holding the gate", next.id, took, cur.id)
+			}
+			cur = next
+			break
+		}
+	}
+}
+
+// countWaiters counts the sessions queued on key.
+func countWaiters(t *testing.T, srv *testpg.Server, key leader.Key) int {
+	t.Helper()
+	h, err := leader.Holder(context.Background(), mustConn(t, srv), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(h.Waiters)
+}
+
+// A flood of forged notifications at a leader and 50 quiet followers:
+// resign requests from a role that may not ask, requests and
+// reservations naming each follower, announcements and vacancies. The
+// leader keeps leading and writes at most a handful of log lines, no
+// follower reports a false leader, and exactly the two heirs queue on the
+// lock.
+func TestNotifyFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("51 electors")
+	}
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	core, logs := observer.New(zap.InfoLevel)
+	const n = 51
+	var els []*running
+	for i := range n {
+		o := opts{dsn: r.AppDSN, key: key, id: fmt.Sprintf("flood-%02d", i)}
+		if i == 0 {
+			o.logger = zap.New(core)
+		}
+		els = append(els, start(t, rec, o))
+		if i == 0 {
+			rec.next("elected", o.id)
+		}
+	}
+	leaderID := els[0].e.Identity()
+	eventually(t, "two heirs queue", func() (bool, string) {
+		n := countWaiters(t, srv, key)
+		return n == 2, fmt.Sprint(n, " waiting")
+	})
+	before := logs.Len()
+	announce, resign, reserve, _ := keyChannels(key)
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	began := time.Now()
+	for i := range 2000 {
+		var channel, payload string
+		switch i % 5 {
+		case 0:
+			channel = resign // a refused request
+		case 1:
+			channel, payload = resign, els[1+i%(n-1)].e.Identity() // naming a follower
+		case 2:
+			channel, payload = reserve, els[1+i%(n-1)].e.Identity()
+		case 3:
+			channel, payload = announce, "EVIL"
+		case 4:
+			channel = announce // a vacancy
+		}
+		if _, err := evil.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("2,000 notifications sent in %s", time.Since(began))
+	// Every follower has read them (several rounds since), and any early
+	// poll they caused is over.
+	waitRounds(t, els[:3], 3)
+	for range 3 {
+		if w := countWaiters(t, srv, key); w != 2 {
+			t.Fatalf("%d sessions queue on the lock, want the 2 heirs", w)
+		}
+		time.Sleep(tInterval)
+	}
+	if !els[0].e.IsLeader() {
+		t.Fatal("the leader stopped leading")
+	}
+	lines := logs.All()[before:]
+	if len(lines) > 5 {
+		for _, l := range lines[:min(len(lines), 10)] {
+			t.Log(l.Message, l.ContextMap())
+		}
+		t.Fatalf("the leader wrote %d log lines during the flood", len(lines))
+	}
+	if st := els[0].e.Status(); st.RequestsDropped == 0 {
+		t.Errorf("Status().RequestsDropped = 0 after a flood of requests")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, e := range rec.events {
+		if e.kind == "newleader" && e.leader != leaderID || e.kind == "elected" && e.id != leaderID {
+			t.Fatalf("event %+v during the flood", e)
+		}
 	}
 }

@@ -91,7 +91,8 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		}
 	}
 	wait := e.followerWait(ls.DeadlockTimeout())
-	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline, Lease: c.LeaseDuration}
+	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline, Lease: c.LeaseDuration,
+		VerifyEvery: c.RenewInterval / 4}
 	quiet, holder, err := ls.Watch(ctx, e.target, q)
 	if err != nil {
 		ls.Close()

@@ -13,8 +13,8 @@ import (
 )
 
 // observePoll is how often Observe looks the holder up when no
-// announcement came: the one change nobody announces is a leader that
-// ended with no successor.
+// announcement came: the one change nobody announces is a leader whose
+// session ended with no successor.
 var observePoll = 5 * time.Second
 
 // Observe watches who leads key without campaigning (etcd's Observe,
@@ -22,10 +22,15 @@ var observePoll = 5 * time.Second
 // change, and with "" while nobody holds the key, until ctx ends; then it
 // returns ctx's error. It runs on one connection of its own: it listens on
 // the key's channel, where every new leader announces itself as it starts
-// leading, and looks the holder up in pg_locks at connect and every 5
-// seconds (the one change nobody announces is a leader that ended with no
-// successor). It reconnects after an error, with backoff. fn runs on
-// Observe's goroutine; keep it short.
+// leading and a leader that steps down with no successor announces the
+// vacancy, and looks the holder up in pg_locks at connect, after each
+// announcement, and every 5 seconds. What fn gets is always what pg_locks
+// showed, never an announcement's payload (NOTIFY is not authenticated:
+// any role could announce any name): an announcement from a session other
+// than the holder's triggers a lookup, at most one per 250 ms, and a
+// vacancy from the holder's own session a lookup at once. It reconnects
+// after an error, with backoff. fn runs on Observe's goroutine; keep it
+// short.
 func Observe(ctx context.Context, connect Connector, key leader.Key, fn func(identity string)) error {
 	if connect == nil || fn == nil {
 		return &ConfigError{Field: "Observe", Rule: "needs a Connector and a callback"}
@@ -46,12 +51,8 @@ func Observe(ctx context.Context, connect Connector, key leader.Key, fn func(ide
 			return ctx.Err()
 		}
 		_ = err // a lost connection: the next one tells
-		t := time.NewTimer(bo.NextBackOff())
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, bo.NextBackOff()) {
 			return ctx.Err()
-		case <-t.C:
 		}
 	}
 }
@@ -65,11 +66,14 @@ func observeOnce(ctx context.Context, connect Connector, key leader.Key, channel
 		return err
 	}
 	defer lockconn.Close(conn)
+	var holderPID uint32
+	var lastLookup time.Time
 	lookup := func() error {
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		h, err := leader.Holder(qctx, conn, key)
 		if err == nil {
+			holderPID, lastLookup = h.Holder.PID, time.Now()
 			report(h.Identity())
 		}
 		return err
@@ -85,23 +89,42 @@ func observeOnce(ctx context.Context, connect Connector, key leader.Key, channel
 	if err := lookup(); err != nil {
 		return err
 	}
+	due := time.Time{} // a lookup a notification asked for; zero: none
 	for {
-		wctx, cancel := context.WithTimeout(ctx, observePoll)
+		next := lastLookup.Add(observePoll)
+		if !due.IsZero() && due.Before(next) {
+			next = due
+		}
+		if !time.Now().Before(next) {
+			due = time.Time{}
+			if err := lookup(); err != nil {
+				return err
+			}
+			continue
+		}
+		wctx, cancel := context.WithDeadline(ctx, next)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case err == nil:
-			if n.Channel == channel && n.Payload != "" {
-				report(n.Payload)
+		case err == nil && n.Channel == channel:
+			switch {
+			case n.Payload == "" && holderPID != 0 && n.PID == holderPID:
+				due = time.Now() // the holder stepped down with no successor: look now
+			case n.PID != holderPID && due.IsZero():
+				due = lastLookup.Add(lockconn.VerifyEvery) // another session speaks: look, rate-limited
 			}
-		case errors.Is(err, context.DeadlineExceeded):
-			if err := lookup(); err != nil {
-				return err
-			}
+		case err == nil, errors.Is(err, context.DeadlineExceeded):
 		default:
 			return err
 		}
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

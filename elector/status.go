@@ -35,6 +35,11 @@ type Status struct {
 	// LastError is the last connection error or demotion reason ("" when
 	// none since the last success).
 	LastError string
+	// RequestsDropped counts the resign requests (RequestResign, pgleader
+	// resign) this elector dropped unread, or refused without a log line:
+	// a flood of them (NOTIFY is not authenticated), beyond 5 a second or
+	// again from an asker refused in the last 10 seconds.
+	RequestsDropped int64
 	// RenewInterval, RenewDeadline, LeaseDuration and ReleaseTimeout are
 	// the elector's settings, for probes.
 	RenewInterval, RenewDeadline, LeaseDuration, ReleaseTimeout time.Duration
@@ -48,6 +53,7 @@ func (e *Elector) Status() Status {
 	st.Leading = e.IsLeader()
 	st.Tenure = e.leading.Load()
 	st.Leader = e.Leader()
+	st.RequestsDropped = e.requests.total()
 	if !st.Tenure {
 		st.Term, st.Since = 0, time.Time{}
 	}

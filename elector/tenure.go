@@ -168,6 +168,13 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 // candidate holds the lock.
 func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 	c := e.cfg
+	now := time.Now()
+	if n := e.requests.report(now); n > 0 {
+		t.log.Warn("resign requests dropped or refused without a log line (a flood of them: see docs/security.md)", zap.Int64("count", n))
+	}
+	if !e.requests.admit(req.PID, now) {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.RenewDeadline)
 	defer cancel()
 	log := t.log.With(zap.Uint32("asker_pid", req.PID), zap.String("to", req.To))
@@ -176,8 +183,13 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 			log.Warn("could not answer a resign request", zap.Error(err))
 		}
 	}
+	refuse := func(msg string, fields ...zap.Field) {
+		if e.requests.refuse(req.PID, now, c.RenewInterval) {
+			log.Warn("resign request refused: "+msg, fields...)
+		}
+	}
 	if c.ResignRequests.Disabled {
-		log.Info("resign request refused: this elector takes none (ResignRequests.Disabled)")
+		refuse("this elector takes none (ResignRequests.Disabled)")
 		answer("refused: " + c.Identity + " takes no resign requests")
 		return nil
 	}
@@ -187,10 +199,10 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 		log.Warn("could not read who asked to resign", zap.Error(err))
 		return nil
 	case !found:
-		log.Info("resign request ignored: the asker's session is gone")
+		refuse("the asker's session is gone")
 		return nil
 	case !allowed:
-		log.Warn("resign request refused: role not allowed", zap.String("role", role))
+		refuse("role not allowed", zap.String("role", role))
 		answer(fmt.Sprintf("refused: role %q may not ask %s to resign (a superuser, a member of its role, or of ResignRequests.Roles may)", role, c.Identity))
 		return nil
 	}
@@ -206,9 +218,10 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 			answer(fmt.Sprintf("unknown: no candidate named %q stands for this key", req.To))
 			return nil
 		}
-		// The named candidate queues within milliseconds of the request
-		// (it heard it too). Wait no longer than a renew interval: no renew
-		// runs meanwhile, and the trust window must not close.
+		// The named candidate queues within milliseconds of the
+		// reservation's announcement. Wait no longer than a renew
+		// interval: no renew runs meanwhile, and the trust window must not
+		// close.
 		if err := ls.Reserve(ctx, e.target, req.To, min(handoverQueueWait, c.RenewInterval)); err != nil {
 			log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
 			answer("failed: " + err.Error())

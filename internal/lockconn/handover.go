@@ -12,23 +12,36 @@ import (
 
 // Handover on demand. Anyone asks a key's leader to step down with a
 // NOTIFY on the key's resign channel (ResignChannel); the payload names the
-// candidate to hand over to, or is empty for any. Every candidate listens
-// there: the leader to hear requests, the named candidate to queue on the
-// lock at once. The leader answers on the asker's reply channel
-// (ReplyChannel of the asker's backend pid), which the asker listens on.
+// candidate to hand over to, or is empty for any. The leader listens there
+// while it leads (followers do not: a flood of requests would wake them
+// for nothing), checks the asker's role, and answers on the asker's reply
+// channel (ReplyChannel of the asker's backend pid), which the asker
+// listens on.
 //
 // A handover to a named candidate reserves the lock for it: the leader
 // takes the key's gate lock and the candidate's name lock (both in
-// HeirClass's space) before it steps down, and releases them once the
-// named candidate holds the lock or a bound has passed. Any other quiet
-// candidate that wins the lock meanwhile gives it back in the same
-// statement (its campaign function checks the gate), so the lock goes
-// down the wait queue to the named one. The gate never touches safety: it
-// only decides which candidate keeps a lock it won.
+// HeirClass's space) and announces the reservation on the key's reserve
+// channel, before it steps down, and releases both once the named
+// candidate holds the lock or a bound has passed. The followers believe
+// the announcement only from the pid a lookup proved the leader's: the
+// named one then queues on the lock, and any other quiet candidate that
+// wins the lock meanwhile gives it back in the same statement (its
+// campaign function checks that the gate is held by that same pid), so
+// the lock goes down the wait queue to the named one. A reservation binds
+// for ReservationBinds at most. Any role can take the gate or a name lock,
+// but no follower heeds one it did not hear the leader announce, and the
+// gate never touches safety: it only decides which candidate keeps a lock
+// it won.
 
 // ResignChannel is the NOTIFY channel of resign requests for t.
 func (t *Target) ResignChannel() string {
 	return fmt.Sprintf("pgleader.resign.%d.%d.%d", t.ClassID, t.ObjID, t.ObjSubID)
+}
+
+// ReserveChannel is the NOTIFY channel on which t's leader announces a
+// reservation for a named candidate (see Reserve).
+func (t *Target) ReserveChannel() string {
+	return fmt.Sprintf("pgleader.reserve.%d.%d.%d", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
 // ReplyChannel is the NOTIFY channel on which a leader answers the resign
@@ -95,22 +108,29 @@ func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (
 	return ok, err
 }
 
+// reserveSQL takes the gate and the name lock, and announces the
+// reservation only when it has both (an InitPlan in the CASE's THEN
+// branch, run only when that branch is taken).
+const reserveSQL = `SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END
+FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n) s`
+
 // Reserve reserves t's lock for the candidate named to, before this
-// session (its leader) steps down: it takes t's gate and to's name lock.
-// It then waits, up to within, until a session named to waits for the
-// lock; on any failure it releases both.
+// session (its leader) steps down: it takes t's gate and to's name lock and
+// announces the reservation (see ReserveChannel). It then waits, up to
+// within, until a session named to waits for the lock; on any failure it
+// releases both.
 func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.Duration) error {
 	var gate, name bool
 	for i := 0; ; i++ {
-		err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2), pg_try_advisory_lock($1, $3)`,
-			HeirClass, t.Gate(), t.NameLock(to)).Scan(&gate, &name)
+		err := l.conn.QueryRow(ctx, reserveSQL, HeirClass, t.Gate(), t.NameLock(to), t.ReserveChannel(), to).Scan(&gate, &name, new(bool))
 		if err != nil {
 			return err
 		}
 		if gate && name {
 			break
 		}
-		// A winner's probe holds the gate in share mode for microseconds.
+		// A winner's probe holds the gate in share mode for microseconds;
+		// another role may hold it for good (then the handover fails).
 		if err := l.release(ctx, t, to, gate, name); err != nil {
 			return err
 		}

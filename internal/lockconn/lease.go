@@ -95,6 +95,7 @@ type Lease struct {
 	sess       Session
 	quietTried bool
 	quiet      bool // the quiet round's function exists in this session
+	listening  bool // for resign requests (see Announce)
 	identity   string
 }
 
@@ -241,24 +242,19 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
 	b.Queue(notifySQL, t.Channel())
-	if !l.quiet {
-		// A quiet session listens from Watch on; a plain one from its
-		// first election, to hear resign requests.
-		b.Queue("LISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize())
-	}
+	// A leader listens for resign requests while it leads (see Unlock).
+	b.Queue("LISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize())
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
 		return err
 	}
-	if _, err := br.Exec(); err != nil {
-		return lostAfterCheck(err)
-	}
-	if !l.quiet {
+	for range 2 {
 		if _, err := br.Exec(); err != nil {
 			return lostAfterCheck(err)
 		}
 	}
+	l.listening = true
 	return lostAfterCheck(br.Close())
 }
 
@@ -322,8 +318,22 @@ func (l *Lease) WaitIdle(ctx context.Context, t *Target, until time.Time) (Reque
 // Unlock releases the lock once; it fails (ErrLockLost) when the lock was
 // not held. A quiet session that holds nothing then turns its
 // idle_session_timeout off in the same statement (see Quiet.Lease): it
-// goes back to watching.
+// goes back to watching. Then, off the handover's path, the session stops
+// listening for resign requests (a follower does not hear them).
 func (l *Lease) Unlock(ctx context.Context, t *Target) error {
+	if err := l.unlock(ctx, t); err != nil {
+		return err
+	}
+	l.Stepped(t)
+	if !l.listening {
+		return nil
+	}
+	l.listening = false
+	_, err := l.conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{t.ResignChannel()}.Sanitize(), pgx.QueryExecModeSimpleProtocol)
+	return err
+}
+
+func (l *Lease) unlock(ctx context.Context, t *Target) error {
 	if t.quiet == nil || t.quiet.Lease <= 0 || t.quiet.heir >= 0 {
 		return Unlock(ctx, l.conn, t.Tag)
 	}

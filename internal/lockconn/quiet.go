@@ -141,10 +141,22 @@ BEGIN
 END $f$;`
 
 // reservedSQL gives a lock just won back when a handover reserves it for
-// another candidate (see Lease.Reserve): the key's gate lock is held by the
-// leader that hands over, and this session's name lock is not (6).
-const reservedSQL = `IF NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate) AND pg_advisory_unlock_shared(HEIRCLASS, gate))
-    AND (pg_try_advisory_lock_shared(HEIRCLASS, me) AND pg_advisory_unlock_shared(HEIRCLASS, me)) THEN
+// another candidate (see Lease.Reserve): 6. Any role can take any advisory
+// lock, the gate included, so the gate binds only as far as the server
+// proves it, at the moment of the win: it must be held exclusively by a
+// session of this session's own login role (the fleet's; pg_locks and
+// pg_stat_activity are read only when the gate is held and this session
+// won: a handover, or an attack); gate is NULL once this session has given
+// won locks back for longer than ReservationBinds, until a new leader; and
+// this session's name lock must not be held (it is not the candidate
+// named). The check cannot rest on what the session knew when its round
+// began: an heir's wait may have begun before the leader it hands over
+// from was elected.
+const reservedSQL = `IF gate IS NOT NULL
+    AND NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate) AND pg_advisory_unlock_shared(HEIRCLASS, gate))
+    AND (pg_try_advisory_lock_shared(HEIRCLASS, me) AND pg_advisory_unlock_shared(HEIRCLASS, me))
+    AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = HEIRCLASS
+      AND l.objid = (gate::int8 & 4294967295)::oid AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock' AND a.usename = session_user) THEN
     PERFORM pg_advisory_unlock(K);
     RETURN 6;
   END IF;`
@@ -195,8 +207,14 @@ type Quiet struct {
 	// (the lock or an heir slot). A watcher holds none and runs without
 	// it, so that its polls can be rare; the poll that takes a lock or a
 	// slot turns it back on in the same statement, and Unlock turns it
-	// off again. 0 on servers before PostgreSQL 14, which lack it.
+	// off again.
 	Lease time.Duration
+	// VerifyEvery bounds how often a notification (which any role can
+	// send) makes the session look the holder up: at most one lookup per
+	// VerifyEvery, and after each lookup that finds the holder it knew
+	// (the notification was false) the bound doubles, up to eight times
+	// VerifyEvery. Default 250 ms.
+	VerifyEvery time.Duration
 }
 
 // Channel is the NOTIFY channel of a lock: a new leader announces its
@@ -221,20 +239,55 @@ type quietState struct {
 	slots            []int32
 	heir             int // the heir slot this session holds, or -1
 	nextPoll         time.Time
-	// namedUntil: a handover names this session (see handover.go), so it
-	// queues on the lock until then, slot or not.
+	// namedUntil: the leader reserved the lock for this session (see
+	// handover.go), so it queues on the lock until then, slot or not.
 	namedUntil time.Time
 	// pauseUntil: the lock this session won was reserved for another
 	// candidate; it waits before queueing again.
 	pauseUntil time.Time
 	gate, me   int32 // the key's gate lock and this session's name lock
+
+	// What the server proved of the holder, by a lookup in pg_locks (an
+	// announcement only triggers one): its backend pid (0: unknown, or
+	// nobody) and identity.
+	leaderPID int32
+	leader    string
+	// verify: a notification says the leader may have changed; the lookup
+	// runs at verifyAt at the earliest. A lookup that finds the holder it
+	// knew (the notification was false) doubles verifyGap, up to eight
+	// times VerifyEvery; one that finds a new holder resets it. A flood of
+	// forged notifications thus costs each follower a lookup every 2 s.
+	verify                       bool
+	verifyAt, lastLookup, hintAt time.Time
+	verifyGap                    time.Duration
+	// heard: a reservation announced by a pid not yet proven the
+	// leader's, kept until a lookup proves or disproves it.
+	heard reservation
+	// gateSince: since when this session gives won locks back to the
+	// leader's gate; gateOff: no longer (past ReservationBinds), until a
+	// new leader.
+	gateSince time.Time
+	gateOff   bool
 }
+
+// reservation is a reservation announcement.
+type reservation struct {
+	pid uint32
+	to  string
+	at  time.Time
+}
+
+// VerifyEvery is Quiet.VerifyEvery's default, and Observe's.
+const VerifyEvery = 250 * time.Millisecond
 
 // prepareQuiet builds t's quiet SQL for the session sess.
 func (t *Target) prepareQuiet(q Quiet, identity string) {
 	n := len(t.Vals) + 1
 	common := fmt.Sprintf("%s, %d::oid, %d::oid, %d::int2, $%d::int4, $%d::text", t.Args, t.ClassID, t.ObjID, t.ObjSubID, n, n+1)
-	st := &quietState{Quiet: q, heir: -1,
+	if q.VerifyEvery <= 0 {
+		q.VerifyEvery = VerifyEvery
+	}
+	st := &quietState{Quiet: q, heir: -1, verifyGap: q.VerifyEvery,
 		waitSQL: fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
 		pollSQL: fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
 	}
@@ -251,14 +304,16 @@ func (t *Target) prepareQuiet(q Quiet, identity string) {
 
 // Watch prepares the session to campaign quietly for t: it creates the
 // functions (the first time in the session), takes t's roster lock in
-// share mode and listens on t's channel, in one round trip, and reports
-// whether the quiet campaign is on. In a second round trip it returns the
-// holder seen now (one pg_locks read per connection), for Leader() before
-// the first notification. When the functions cannot be created the
-// session keeps the plain round, and that is no error. Call it once per
-// session and target.
+// share mode and listens on t's channel and its reservations' channel, in
+// one round trip, and reports whether the quiet campaign is on. In a second
+// round trip it returns the holder seen now (one pg_locks read per
+// connection), for Leader() before the first notification. When the
+// functions cannot be created the session keeps the plain round, and that
+// is no error. Call it once per session and target. A follower does not
+// listen for resign requests (a flood of them would wake it for nothing);
+// a leader does, from its first renew (Announce) to its unlock.
 func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, holder string, err error) {
-	join := "LISTEN " + pgx.Identifier{t.Channel()}.Sanitize() + ";\nLISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize() +
+	join := "LISTEN " + pgx.Identifier{t.Channel()}.Sanitize() + ";\nLISTEN " + pgx.Identifier{t.ReserveChannel()}.Sanitize() +
 		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d)", HeirClass, t.Roster())
 	if q.Lease > 0 && q.Wait > 0 {
 		join += ", set_config('idle_session_timeout', '0', false)" // a watcher holds no lock
@@ -283,30 +338,41 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 	if l.quiet && q.Wait > 0 {
 		t.prepareQuiet(q, l.identity)
 	}
-	holder, _, _, err = scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
+	holder, pid, _, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
 	if err != nil {
 		return false, "", err
+	}
+	if t.quiet != nil {
+		t.quiet.leaderPID, t.quiet.leader = pid, holder
 	}
 	return t.quiet != nil, holder, nil
 }
 
 // quietCampaign runs one quiet round: an heir's lock wait, or a watcher's
-// wait for a notification or its next poll.
+// wait for a notification or its next poll; or, when a notification said
+// the leader changed, a holder lookup (see quietState.verify).
 func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	q := t.quiet
 	var sql string
 	var args []any
 	if time.Now().Before(q.pauseUntil) {
-		if holder, err := l.watch(ctx, t, &q.pauseUntil); holder != "" || err != nil {
-			return Round{Holder: holder, Busy: true}, err
+		if verify, err := l.watch(ctx, t, &q.pauseUntil); verify || err != nil {
+			return l.lookup(ctx, t, err)
 		}
 	}
 	waiting := q.heir >= 0 || time.Now().Before(q.namedUntil)
+	if waiting && q.verify && !time.Now().Before(q.verifyAt) {
+		return l.lookup(ctx, t, nil)
+	}
 	if !waiting {
-		if holder, err := l.watch(ctx, t, &q.nextPoll); holder != "" || err != nil {
-			return Round{Holder: holder, Busy: true}, err
+		if verify, err := l.watch(ctx, t, &q.nextPoll); verify || err != nil {
+			return l.lookup(ctx, t, err)
 		}
 		waiting = time.Now().Before(q.namedUntil)
+	}
+	var gate *int32
+	if !q.gateOff {
+		gate = &q.gate
 	}
 	if waiting {
 		sql = q.waitSQL
@@ -314,7 +380,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		if q.heir >= 0 {
 			slot = &q.slots[q.heir]
 		}
-		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), slot, q.gate, q.me)
+		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), slot, gate, q.me)
 	} else {
 		sql = q.pollSQL
 		var lease *int32
@@ -322,7 +388,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 			ms := int32(q.Lease.Milliseconds())
 			lease = &ms
 		}
-		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease, q.gate, q.me)
+		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease, gate, q.me)
 		q.nextPoll = time.Now().Add(q.Poll*3/4 + rand.N(q.Poll/4+1))
 	}
 	var code int32
@@ -346,7 +412,8 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		}
 		return Round{}, Pooling(err)
 	}
-	rd := Round{Holder: l.notified(t), Sent: sent}
+	l.notified(t)
+	rd := Round{Sent: sent}
 	switch code {
 	case 1:
 		rd.Held, rd.Proven = true, true
@@ -360,9 +427,16 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		rd.Busy = true
 	case 6:
 		// Won, and given back: a handover reserves the lock for another
-		// candidate. Wait a little rather than win it again at once.
+		// candidate. Wait a little rather than win it again at once, and no
+		// longer than ReservationBinds in all.
 		rd.Busy = true
-		q.pauseUntil = time.Now().Add(50 * time.Millisecond)
+		now := time.Now()
+		q.pauseUntil = now.Add(50 * time.Millisecond)
+		if q.gateSince.IsZero() {
+			q.gateSince = now
+		} else if now.Sub(q.gateSince) > ReservationBinds {
+			q.gateOff = true
+		}
 	default:
 		if i := int(code) - 10; i >= 0 && i < len(q.slots) && q.heir < 0 {
 			q.heir = i
@@ -378,50 +452,149 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	return rd, nil
 }
 
-// watch waits, as a watcher, until *until (its next poll) is due: it
-// returns earlier with the leader a notification announced (its own
-// session's announcements are not news), and at once when a handover names
-// this session.
-func (l *Lease) watch(ctx context.Context, t *Target, until *time.Time) (string, error) {
-	for time.Now().Before(*until) {
-		wctx, cancel := context.WithDeadline(ctx, *until)
+// lookup reads the holder from pg_locks (a round of its own), after a
+// notification said the leader changed: what the round reports as the
+// holder is what the server proves, never a notification's payload.
+func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error) {
+	if err != nil {
+		return Round{}, err
+	}
+	q := t.quiet
+	holder, pid, free, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL, l.mode()))
+	if err != nil {
+		return Round{}, err
+	}
+	now := time.Now()
+	switch {
+	case pid != 0 && pid != q.leaderPID:
+		// A new leader: the heir it was freed its slot. A resigned leader,
+		// or a crashed one that reconnects, takes it at its first poll; in
+		// case neither comes back, one watcher in eight also polls soon, at
+		// a random point within an heir's wait, so that a large fleet
+		// refills the slot at once without all of it waking the server
+		// together.
+		q.namedUntil, q.gateSince, q.gateOff = time.Time{}, time.Time{}, false
+		if rand.N(8) == 0 {
+			q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(q.Wait+1)))
+		}
+		q.verifyGap = q.VerifyEvery
+	case pid == q.leaderPID:
+		q.verifyGap = min(2*q.verifyGap, 8*q.VerifyEvery) // the notification was false
+	}
+	q.leaderPID, q.leader = pid, holder
+	q.verify, q.lastLookup = false, now
+	if h := q.heard; h.pid != 0 && int32(h.pid) == pid && now.Sub(h.at) < ReservationBinds {
+		l.reserved(t, h)
+	}
+	q.heard = reservation{}
+	return Round{Holder: holder, HolderPID: pid, Free: free, Busy: true}, nil
+}
+
+// ReservationBinds bounds how long a reservation binds a follower (see
+// handover.go): a named candidate queues at most that long, and a
+// follower gives won locks back to the leader's gate at most that long.
+// The leader releases the reservation once the named candidate holds the
+// lock, or a bound after its unlock.
+const ReservationBinds = 15 * time.Second
+
+// reserved records a reservation the leader announced: the candidate it
+// names queues on the lock.
+func (l *Lease) reserved(t *Target, r reservation) {
+	if r.to == l.identity {
+		t.quiet.namedUntil = r.at.Add(ReservationBinds)
+	}
+}
+
+// heard takes in one notification (see messages.go): nothing in it is
+// believed but what a pid the server proved says; the rest only makes a
+// lookup (rate-limited) or an early poll (at most one per heir's wait) due.
+func (l *Lease) heard(t *Target, n *pgconn.Notification) {
+	q := t.quiet
+	if q == nil || n.PID == l.sess.PID {
+		return
+	}
+	now := time.Now()
+	leader := q.leaderPID != 0 && int32(n.PID) == q.leaderPID
+	switch {
+	case n.Channel == t.ReserveChannel() && n.Payload != "":
+		if leader {
+			l.reserved(t, reservation{pid: n.PID, to: n.Payload, at: now})
+			return
+		}
+		// From a pid not (yet) proven the leader's: a lookup tells.
+		q.heard = reservation{pid: n.PID, to: n.Payload, at: now}
+		q.verifyAt = q.dueAt(q.verifyGap)
+		q.verify = true
+	case n.Channel != t.Channel():
+	case n.Payload != "" && !leader:
+		// A new leader, or a false announcement: a lookup tells.
+		if !q.verify {
+			q.verifyAt = q.dueAt(q.verifyGap)
+		}
+		q.verify = true
+	case n.Payload == "" && (leader || !now.Before(q.hintAt)):
+		// A vacancy: a leader stepped down and no heir took the lock. Poll
+		// now (within 20 ms, so that watchers spread out); from a pid not
+		// proven the leader's, at most once per heir's wait.
+		if !leader {
+			q.hintAt = now.Add(q.Wait)
+		}
+		q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(20*time.Millisecond)))
+	}
+}
+
+// dueAt is when a lookup may run, gap after the last one; a pending one
+// that is due earlier stays.
+func (q *quietState) dueAt(gap time.Duration) time.Time {
+	at := q.lastLookup.Add(gap)
+	if q.verify && q.verifyAt.Before(at) {
+		return q.verifyAt
+	}
+	return at
+}
+
+// Stepped tells t's quiet campaign that this session has just stepped
+// down as t's leader: it heard no announcement while it led, so its next
+// round looks the holder up.
+func (l *Lease) Stepped(t *Target) {
+	if q := t.quiet; q != nil {
+		q.leaderPID, q.verify, q.verifyAt = int32(l.sess.PID), true, time.Time{}
+	}
+}
+
+// watch waits, as a watcher, until *until (its next poll) is due, and
+// returns early, with verify, when a lookup is due (see heard), or
+// without when the leader reserved the lock for this session.
+func (l *Lease) watch(ctx context.Context, t *Target, until *time.Time) (verify bool, err error) {
+	q := t.quiet
+	for {
+		now := time.Now()
+		switch {
+		case now.Before(q.namedUntil):
+			return false, nil
+		case q.verify && !now.Before(q.verifyAt):
+			return true, nil
+		case !now.Before(*until):
+			return false, nil
+		}
+		deadline := *until
+		if q.verify {
+			deadline = minTime(deadline, q.verifyAt)
+		}
+		wctx, cancel := context.WithDeadline(ctx, deadline)
 		n, err := l.conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
-			return "", ctx.Err()
+			return false, ctx.Err()
 		case err == nil:
-			if l.named(t, n) {
-				return "", nil
-			}
-			if n.Channel == t.Channel() && n.Payload == "" && n.PID != l.sess.PID {
-				// A leader stepped down and no heir took the lock: poll
-				// now (within 20 ms, so that watchers spread out).
-				t.quiet.nextPoll = minTime(t.quiet.nextPoll, time.Now().Add(rand.N(20*time.Millisecond)))
-				*until = minTime(*until, t.quiet.nextPoll)
-				continue
-			}
-			if n.Channel == t.Channel() && n.Payload != "" && n.PID != l.sess.PID {
-				// A new leader: the heir it was freed its slot. A resigned
-				// leader, or a crashed one that reconnects, takes it at its
-				// first poll; in case neither comes back, one watcher in
-				// eight also polls soon, at a random point within an heir's
-				// wait, so that a large fleet refills the slot at once
-				// without all of it waking the server together.
-				q := t.quiet
-				q.namedUntil = time.Time{}
-				if rand.N(8) == 0 {
-					q.nextPoll = minTime(q.nextPoll, time.Now().Add(rand.N(q.Wait+1)))
-				}
-				return n.Payload, nil
-			}
+			l.heard(t, n)
+			*until = minTime(*until, q.nextPoll)
 		case errors.Is(err, context.DeadlineExceeded):
-			return "", nil
 		default:
-			return "", fmt.Errorf("%w: %w", ErrConnectionLost, err)
+			return false, fmt.Errorf("%w: %w", ErrConnectionLost, err)
 		}
 	}
-	return "", nil
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -435,29 +608,16 @@ func minTime(a, b time.Time) time.Time {
 // heir slots); false for a watcher and for the plain round.
 func (l *Lease) Heir(t *Target) bool { return t.quiet != nil && t.quiet.heir >= 0 }
 
-// notified drains the notifications received so far and returns the
-// latest leader announced on t's channel ("" when none).
-func (l *Lease) notified(t *Target) string {
-	latest := ""
+// notified takes in the notifications received so far (see heard).
+func (l *Lease) notified(t *Target) {
 	for {
 		// With a done context this returns a buffered notification, or
 		// nothing at once, without touching the connection.
 		n, _ := l.conn.WaitForNotification(doneCtx)
 		if n == nil {
-			return latest
+			return
 		}
-		switch {
-		case l.named(t, n):
-		case n.Channel != t.Channel() || n.PID == l.sess.PID:
-		case n.Payload != "":
-			latest = n.Payload
-			if t.quiet != nil {
-				t.quiet.namedUntil = time.Time{}
-			}
-		case t.quiet != nil:
-			// A vacancy (see Target.unlockSQL) read with a round's reply.
-			t.quiet.nextPoll = minTime(t.quiet.nextPoll, time.Now().Add(rand.N(20*time.Millisecond)))
-		}
+		l.heard(t, n)
 	}
 }
 
@@ -467,18 +627,3 @@ var doneCtx = func() context.Context {
 	cancel()
 	return ctx
 }()
-
-// named notes a resign request that names this session: it then queues on
-// the lock for up to namedFor, so that the leader's reservation can hand
-// the lock to it (see handover.go).
-func (l *Lease) named(t *Target, n *pgconn.Notification) bool {
-	if n.Channel != t.ResignChannel() || n.Payload == "" || n.Payload != l.identity || t.quiet == nil {
-		return false
-	}
-	t.quiet.namedUntil = time.Now().Add(namedFor)
-	return true
-}
-
-// namedFor is how long a named candidate keeps queueing on the lock: long
-// enough for the leader's OnElected to return in most handovers.
-const namedFor = 15 * time.Second
