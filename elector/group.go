@@ -81,8 +81,13 @@ type GroupConfig struct {
 	SingleConnection bool
 }
 
-// ErrLockTable is returned (wrapped) by NewGroup's Run when the server's
-// shared lock table cannot hold the group: see LockTableError.
+// ErrLockTable is returned (wrapped) by Group.Run when the server's shared
+// lock table can never hold the group (a check at every session's start):
+// see LockTableError. A table that fits the group but that another
+// session has filled (SQLSTATE 53200 while taking keys) is no error:
+// the member takes no key until the table has room, keeps what it leads,
+// and says so (GroupStatus.LockTableFull and LastError, a Warn at most
+// once a minute).
 var ErrLockTable = errors.New("pgleader: the server's lock table is too small for this group")
 
 // LockTableError says how big the server's lock table is and what it needs.
@@ -156,6 +161,10 @@ type Group struct {
 	trustEnd   time.Time             // IsLeader is false past it
 	holds      map[tagKey]resignHold // keys resigned by a member: not assigned to it for a while
 	stopping   bool
+	// table is the lock table's size as this session read it at its start;
+	// tableWarned when a full table was last logged.
+	table       lockTable
+	tableWarned time.Time
 	// termSQL installs terms in termsTable, as this session found it.
 	termSQL, termsTable string
 
@@ -723,26 +732,56 @@ func (g *Group) owns(k tagKey, member string) bool {
 	return g.assigned[g.owner[i]] == member
 }
 
-// checkCapacity refuses a group the server's lock table cannot hold.
+// lockTable is the server's lock table as a session read it at its start.
+type lockTable struct{ perTx, conns, prepared int }
+
+// checkCapacity reads the lock table's size on a fresh session (a session
+// whose statement failed cannot read it) and refuses a group it cannot
+// hold.
 func (g *Group) checkCapacity(ctx context.Context, conn *pgx.Conn) error {
-	var perTx, conns, prepared int
+	var lt lockTable
 	if err := conn.QueryRow(ctx, `SELECT current_setting('max_locks_per_transaction')::int, current_setting('max_connections')::int,
-  current_setting('max_prepared_transactions')::int`).Scan(&perTx, &conns, &prepared); err != nil {
+  current_setting('max_prepared_transactions')::int`).Scan(&lt.perTx, &lt.conns, &lt.prepared); err != nil {
 		return err
 	}
 	g.mu.Lock()
+	g.table = lt
 	k := len(g.keys)
 	g.mu.Unlock()
-	return g.capacityError(k, perTx, conns, prepared, nil)
+	return lt.error(k, nil)
 }
 
-func (g *Group) capacityError(keys, perTx, conns, prepared int, cause error) error {
-	capacity := perTx * (conns + prepared)
+// error is the LockTableError of a group of keys that does not fit, or
+// of a full table (cause); nil when the group fits and nothing failed.
+func (lt lockTable) error(keys int, cause error) error {
+	capacity := lt.perTx * (lt.conns + lt.prepared)
 	if 2*keys <= capacity && cause == nil {
 		return nil
 	}
-	need := (2*keys + conns + prepared - 1) / (conns + prepared)
-	return &LockTableError{Keys: keys, Capacity: capacity, MaxLocksPerTransaction: max(need, perTx+1), Err: cause}
+	need := (2*keys + lt.conns + lt.prepared - 1) / max(1, lt.conns+lt.prepared)
+	return &LockTableError{Keys: keys, Capacity: capacity, MaxLocksPerTransaction: max(need, lt.perTx+1), Err: cause}
+}
+
+// tableFull handles SQLSTATE 53200 from an exchange. A group that fits the
+// table (it passed the start's check) met a table another session filled:
+// no key is taken this round (those won before the error are adopted at
+// the next full round), the session goes on, and the exchange is tried
+// again at the next full round; a Warn at most once a minute, a count in
+// Status, and LastError say so. A group that can never fit ends Run.
+func (g *Group) tableFull(cause error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := g.table.error(len(g.keys), cause)
+	if 2*len(g.keys) > g.table.perTx*(g.table.conns+g.table.prepared) {
+		return err
+	}
+	g.stats.tableFull++
+	g.stats.lastErr = err.Error()
+	if time.Since(g.tableWarned) > time.Minute {
+		g.tableWarned = time.Now()
+		g.log.Warn("the server's lock table is full (another session holds most of it): no key is taken until it has room; trying again at every full round", zap.Error(err))
+	}
+	return nil
 }
 
 // scanSQL proves this session's locks and reads the members, in one scan
@@ -973,8 +1012,11 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 	if ce := g.log.Check(zap.DebugLevel, "exchange"); ce != nil {
 		ce.Write(zap.Int("unlock", len(unlock)), zap.Int("want", len(want)), zap.Int("adopt", len(adopt)), zap.Int("held", len(held)), zap.Strings("members", members))
 	}
-	won, err := g.exchange(rctx, conn, sess, !full, unlock, want, resigned)
-	if err == nil && len(resigned) > 0 {
+	won, unlocked, err := g.exchange(rctx, conn, sess, !full, unlock, want, resigned)
+	if errors.Is(err, errTableFull) {
+		err = g.tableFull(err)
+	}
+	if (err == nil || unlocked) && len(resigned) > 0 {
 		// The others hear of the resign with the next full round's batch,
 		// off the hand-over's path: they need it only to assign as the
 		// heir does, and a resign changes no key of theirs.
@@ -982,7 +1024,7 @@ func (g *Group) round(ctx context.Context, conn *pgx.Conn, sess lockconn.Session
 		g.pending = append(g.pending, resigned...)
 		g.mu.Unlock()
 	}
-	if err == nil {
+	if err == nil || unlocked {
 		// Released: each one's OnDemoted, now that its lock is free.
 		g.mu.Lock()
 		for _, t := range released {
@@ -1171,7 +1213,8 @@ func (g *Group) prepare(ctx context.Context, conn *pgx.Conn) error {
 // group when it released anything. It returns the keys won. check sends
 // the session check first, in the same round trip (a light round, which
 // read nothing before).
-func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, check bool, unlock, want []tagKey, resigned []lockconn.GroupMessage) ([]tagKey, error) {
+func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Session, check bool, unlock, want []tagKey,
+	resigned []lockconn.GroupMessage) (won []tagKey, unlocked bool, err error) {
 	b := &pgx.Batch{}
 	pid, tok := int32(sess.PID), sess.Token
 	if check {
@@ -1213,30 +1256,37 @@ func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Sess
 	defer br.Close()
 	if check {
 		if err := readCheck(br, sess); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if len(unlock) > 0 {
-		for range 2 + nNotify {
+		for range 2 {
 			if _, err := br.Exec(); err != nil {
-				return nil, err
+				return nil, false, err
+			}
+		}
+		// Unlocked: session locks do not roll back with the batch's
+		// transaction, whatever fails after (the NOTIFYs do).
+		unlocked = true
+		for range nNotify {
+			if _, err := br.Exec(); err != nil {
+				return nil, true, err
 			}
 		}
 	}
-	var won []tagKey
 	if len(want) > 0 {
 		rows, err := br.Query()
 		if err != nil {
-			return nil, err
+			return nil, unlocked, err
 		}
 		for rows.Next() {
 			var t tagKey
 			if err := rows.Scan(&t.c, &t.o, &t.s); err != nil {
 				rows.Close()
-				return nil, err
+				return nil, unlocked, err
 			}
 			won = append(won, t)
 		}
@@ -1244,24 +1294,17 @@ func (g *Group) exchange(ctx context.Context, conn *pgx.Conn, sess lockconn.Sess
 		if err := rows.Err(); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "53200" {
-				return nil, g.lockTableFull(ctx, conn, err)
+				return nil, unlocked, fmt.Errorf("%w: %w", errTableFull, err)
 			}
-			return nil, err
+			return nil, unlocked, err
 		}
 	}
-	return won, br.Close()
+	return won, unlocked, br.Close()
 }
 
-// lockTableFull turns SQLSTATE 53200 into a LockTableError.
-func (g *Group) lockTableFull(ctx context.Context, conn *pgx.Conn, cause error) error {
-	var perTx, conns, prepared int
-	conn.QueryRow(ctx, `SELECT current_setting('max_locks_per_transaction')::int, current_setting('max_connections')::int,
-  current_setting('max_prepared_transactions')::int`).Scan(&perTx, &conns, &prepared)
-	g.mu.Lock()
-	k := len(g.keys)
-	g.mu.Unlock()
-	return g.capacityError(k, perTx, max(conns, 1), prepared, cause)
-}
+// errTableFull: the server's shared lock table was full (SQLSTATE 53200)
+// when the exchange took keys; see tableFull.
+var errTableFull = errors.New("the server's lock table is full")
 
 // split sorts keys into int8 keys and pair keys, as the lock functions take
 // them.

@@ -42,6 +42,10 @@ type GroupStatus struct {
 	// (malformed, or from a session that is not a member: NOTIFY is not
 	// authenticated, so another role may send them).
 	Rounds, LightRounds, WatchWaits, Dropped int64
+	// LockTableFull counts the exchanges that found the server's lock
+	// table full (SQLSTATE 53200: another session holds most of it): no key
+	// was taken then, and the member tried again at its next full round.
+	LockTableFull int64
 	// Elected counts tenures begun; Demoted counts tenures ended, by
 	// leader.ReasonLabel.
 	Elected int64
@@ -59,6 +63,7 @@ type groupStats struct {
 	rounds, light       int64
 	watchWaits          int64
 	dropped             int64 // group messages not believed (see heard)
+	tableFull           int64 // exchanges that met a full lock table
 	elected             int64
 	demoted             map[string]int64
 }
@@ -70,7 +75,7 @@ func (g *Group) Status() GroupStatus {
 	defer g.mu.Unlock()
 	st := GroupStatus{Group: g.cfg.Group, Identity: g.cfg.Identity, Members: append([]string(nil), g.members...),
 		Keys: len(g.keys), Owned: owned, Tenures: len(g.owned), Connected: g.stats.connected, LastRound: g.stats.lastRound, LastStep: g.stats.lastStep,
-		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, WatchWaits: g.stats.watchWaits, Dropped: g.stats.dropped, Elected: g.stats.elected,
+		LastError: g.stats.lastErr, Rounds: g.stats.rounds, LightRounds: g.stats.light, WatchWaits: g.stats.watchWaits, Dropped: g.stats.dropped, LockTableFull: g.stats.tableFull, Elected: g.stats.elected,
 		Demoted:       map[string]int64{},
 		RenewInterval: g.cfg.RenewInterval, RenewDeadline: g.cfg.RenewDeadline, LeaseDuration: g.cfg.LeaseDuration, ReleaseTimeout: g.cfg.ReleaseTimeout}
 	for _, r := range leader.ReasonLabels {

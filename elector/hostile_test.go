@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
@@ -575,4 +576,47 @@ func TestNotifyFlood(t *testing.T) {
 			t.Fatalf("event %+v during the flood", e)
 		}
 	}
+}
+
+// Another role fills the server's lock table while a member takes keys:
+// the member takes none then, says so, keeps its session and its keys,
+// and takes the rest once the table has room. Run does not end.
+func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20"}})
+	r := testpg.NewRoles(t, srv)
+	w := newGroupWatch(t)
+	first, more := groupKeys(t.Name()+"/a", 10), groupKeys(t.Name()+"/b", 20)
+	m := startMember(t, r.AppDSN, t.Name(), "m-a", first, w)
+	balanced(t, w, len(first), 10, 10, "m-a")
+	// Fill the table: a session of the other role takes locks until the
+	// server refuses (SQLSTATE 53200).
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	held := 0
+	for i := 0; ; i += 50 {
+		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += 50
+	}
+	t.Logf("another role holds %d advisory locks", held)
+	if err := m.g.SetKeys(append(first, more...)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the member reports a full lock table", func() (bool, string) {
+		st := m.g.Status()
+		return st.LockTableFull > 0 && strings.Contains(st.LastError, "lock table"), st.LastError
+	})
+	if _, n := w.counts(); n != len(first) {
+		t.Fatalf("%d keys led while the table is full, want the %d first", n, len(first))
+	}
+	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, len(first)+len(more), 30, 30, "m-a")
 }
