@@ -227,6 +227,21 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// printable checks a name that pgleader shows and sends: 1 to max bytes of
+// printable ASCII (no control character, so no terminal escape or forged
+// line can hide in it).
+func printable(s string, max int) error {
+	if s == "" || len(s) > max {
+		return fmt.Errorf("must be 1 to %d bytes, got %d", max, len(s))
+	}
+	for _, r := range s {
+		if r < 0x20 || r > 0x7e {
+			return fmt.Errorf("must be printable ASCII, got %q", s)
+		}
+	}
+	return nil
+}
+
 func (c *Config) validate() error {
 	bad := func(field, rule string, args ...any) error {
 		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
@@ -251,10 +266,8 @@ func (c *Config) validate() error {
 	case len(c.Identity) > maxIdentityLen:
 		return bad("Identity", "must be at most %d bytes (PostgreSQL cuts application_name), got %d", maxIdentityLen, len(c.Identity))
 	}
-	for _, r := range c.Identity {
-		if r < 0x20 || r > 0x7e {
-			return bad("Identity", "must be printable ASCII (PostgreSQL replaces other characters in application_name), got %q", c.Identity)
-		}
+	if err := printable(c.Identity, maxIdentityLen); err != nil {
+		return bad("Identity", "%v (PostgreSQL replaces other characters in application_name)", err)
 	}
 	if c.Fencing.Enabled {
 		if _, err := terms.Quote(c.Fencing.Table); err != nil {

@@ -229,8 +229,8 @@ func NewGroup(cfg GroupConfig) (*Group, error) {
 	cfg.Identity, cfg.Logger, cfg.Fencing = ec.Identity, ec.Logger, ec.Fencing
 	cfg.RenewInterval, cfg.RenewDeadline, cfg.LeaseDuration, cfg.ReleaseTimeout, cfg.ReconnectMaxDelay =
 		ec.RenewInterval, ec.RenewDeadline, ec.LeaseDuration, ec.ReleaseTimeout, ec.ReconnectMaxDelay
-	if cfg.Group == "" || len(cfg.Group) > 200 {
-		return nil, &ConfigError{Field: "Group", Rule: "must be 1 to 200 bytes"}
+	if err := printable(cfg.Group, 200); err != nil {
+		return nil, &ConfigError{Field: "Group", Rule: err.Error()}
 	}
 	g := &Group{cfg: cfg, wake: make(chan struct{}, 1), owned: map[tagKey]*groupTerm{}, ending: map[tagKey]*groupTerm{}, holds: map[tagKey]resignHold{}, gone: map[string]time.Time{}, gifts: map[tagKey]bool{},
 		stats: groupStats{demoted: map[string]int64{}}}
@@ -420,6 +420,10 @@ func (g *Group) session(ctx context.Context) (err error) {
 	sess, err := lockconn.Setup(sctx, conn, lockconn.Settings{Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
 		KeepIdle: c.RenewDeadline, SyncCommit: true})
 	if err != nil {
+		return fmt.Errorf("session setup: %w", err)
+	}
+	// Before anything is locked: no transaction pooler in between.
+	if err := lockconn.Prove(sctx, sess, c.Connect.Connect); err != nil {
 		return fmt.Errorf("session setup: %w", err)
 	}
 	if err := g.checkCapacity(sctx, conn); err != nil {

@@ -251,9 +251,13 @@ func TestGroupInput(t *testing.T) {
 		Callbacks: elector.Callbacks{OnElected: on}}); !errors.Is(err, elector.ErrInvalidConfig) {
 		t.Fatalf("duplicate keys: %v", err)
 	}
-	if _, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Keys: []leader.Key{k},
-		Callbacks: elector.Callbacks{OnElected: on}}); !errors.Is(err, elector.ErrInvalidConfig) {
-		t.Fatalf("no group name: %v", err)
+	for _, name := range []string{"", "tenants\x1b[2J", "a\nforged line", "grüppe", strings.Repeat("g", 201)} {
+		_, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: name, Keys: []leader.Key{k},
+			Callbacks: elector.Callbacks{OnElected: on}})
+		var ce *elector.ConfigError
+		if !errors.Is(err, elector.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "Group" {
+			t.Fatalf("group name %q: %v", name, err)
+		}
 	}
 	w := newGroupWatch(t)
 	all := groupKeys(t.Name(), 6)

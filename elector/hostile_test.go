@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/lock"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -619,4 +621,78 @@ func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	balanced(t, w, len(first)+len(more), 30, 30, "m-a")
+}
+
+// A member whose role may not create temporary objects (TEMP revoked, as
+// a locked-down database may have it) cannot run the crash watch's session
+// function: the watch turns itself off for the process with one warning,
+// rather than retrying for ever with an ERROR in the server's log every
+// second, and the member leads its keys all the same.
+func TestGroupCrashWatchWithoutTemp(t *testing.T) {
+	srv := testpg.Start(t)
+	if err := srv.Exec(context.Background(), "REVOKE TEMPORARY ON DATABASE postgres FROM PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	r := testpg.NewRoles(t, srv)
+	core, logs := observer.New(zap.WarnLevel)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	m := runMember(t, elector.GroupConfig{Connect: elector.DSN(r.AppDSN), Group: t.Name(), Keys: keys, Identity: "notemp",
+		Callbacks: w.callbacks("notemp"), Logger: zap.New(core),
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond})
+	balanced(t, w, len(keys), 4, 4, "notemp")
+	// The watch retries no faster than a renew interval: 20 intervals
+	// would show about 40 log lines.
+	waitFullRounds(t, 20, m)
+	errs := 0
+	for _, l := range serverLog(srv) {
+		if strings.Contains(l, "] notemp: ERROR:") {
+			errs++
+		}
+	}
+	if errs > 1 {
+		t.Fatalf("%d errors from the member in the server's log:\n%s", errs, strings.Join(serverLog(srv), "\n"))
+	}
+	if n := logs.FilterMessageSnippet("crash watch off").Len(); n != 1 {
+		t.Fatalf("%d warnings that the crash watch is off, want 1 (all: %v)", n, logs.All())
+	}
+}
+
+// PostgreSQL 13 has no idle_session_timeout, so nothing would end a paused
+// leader's session behind a TCP proxy: an Elector, a Group and TryRun
+// refuse it before they lock anything. CI points PGLEADER_PG13_BINDIR at
+// PostgreSQL 13's binaries.
+func TestRefusesPostgreSQL13(t *testing.T) {
+	dir := os.Getenv("PGLEADER_PG13_BINDIR")
+	if dir == "" {
+		t.Skip("PGLEADER_PG13_BINDIR is not set (CI sets it)")
+	}
+	srv := testpg.Start(t, testpg.Options{BinDir: dir})
+	if v := srv.VersionNum(); v/10000 != 13 {
+		t.Fatalf("server_version_num %d, want 13", v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	cb := elector.Callbacks{OnElected: func(ctx context.Context, _ leader.Leadership) { t.Error("elected on PostgreSQL 13"); <-ctx.Done() }}
+	e, err := elector.New(elector.Config{Connect: elector.DSN(srv.DSN()), Key: testKey(t), Callbacks: cb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Run(ctx); !errors.Is(err, leader.ErrUnsupportedServer) || !strings.Contains(err.Error(), "PostgreSQL 13") {
+		t.Fatalf("Elector: want ErrUnsupportedServer, got %v", err)
+	}
+	g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: "g", Keys: groupKeys(t.Name(), 2), Callbacks: cb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(ctx); !errors.Is(err, leader.ErrUnsupportedServer) {
+		t.Fatalf("Group: want ErrUnsupportedServer, got %v", err)
+	}
+	err = lock.TryRun(ctx, leader.DSN(srv.DSN()), testKey(t), lock.Options{}, func(context.Context) error {
+		t.Error("TryRun ran fn on PostgreSQL 13")
+		return nil
+	})
+	if !errors.Is(err, leader.ErrUnsupportedServer) {
+		t.Fatalf("TryRun: want ErrUnsupportedServer, got %v", err)
+	}
 }

@@ -62,6 +62,11 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		lockconn.Close(conn)
 		return nil, fmt.Errorf("session setup: %w", err)
 	}
+	// Before anything is locked: no transaction pooler in between.
+	if err := ls.Prove(ctx, c.Connect.Connect); err != nil {
+		ls.Close()
+		return nil, fmt.Errorf("session setup: %w", err)
+	}
 	if f := c.Fencing; f.Enabled {
 		o := terms.EnsureOptions{Create: !f.NoCreate, Schemas: ls.Schemas(), TrustedOwner: f.TrustedOwner}
 		tbl, err := terms.Ensure(ctx, ls.Conn(), f.Table, o)

@@ -113,6 +113,11 @@ func openLease(ctx context.Context, c leader.Connector, s lockconn.Settings) (*l
 		lockconn.Close(conn)
 		return nil, fmt.Errorf("session setup: %w", err)
 	}
+	// Before anything is locked: no transaction pooler in between.
+	if err := ls.Prove(ctx, c.Connect); err != nil {
+		ls.Close()
+		return nil, fmt.Errorf("session setup: %w", err)
+	}
 	return ls, nil
 }
 

@@ -137,9 +137,9 @@ func renderGroups(w io.Writer, groups []*groupView) {
 	for _, g := range groups {
 		var ms []string
 		for _, m := range g.Members {
-			ms = append(ms, fmt.Sprintf("%s(%d) %d", orDash(m.Identity), m.PID, m.Owned))
+			ms = append(ms, fmt.Sprintf("%s(%d) %d", show(m.Identity), m.PID, m.Owned))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", g.Name, g.Keys, g.Leaderless, orDash(strings.Join(ms, ", ")))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", show(g.Name), g.Keys, g.Leaderless, orDash(strings.Join(ms, ", ")))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

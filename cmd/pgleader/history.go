@@ -87,8 +87,8 @@ word (a crash); the next term marks it "superseded".
 			demoted = r.DemotedAt.Local().Format("2006-01-02 15:04:05.000")
 			held = r.DemotedAt.Sub(r.ElectedAt).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Name, r.Term, r.Holder, r.PID,
-			r.ElectedAt.Local().Format("2006-01-02 15:04:05.000"), demoted, held, orDash(r.Reason))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", show(r.Name), r.Term, show(r.Holder), r.PID,
+			r.ElectedAt.Local().Format("2006-01-02 15:04:05.000"), demoted, held, show(r.Reason))
 	}
 	return tw.Flush()
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -760,5 +761,59 @@ func TestStatusShowsGroups(t *testing.T) {
 	}
 	if n != 6 {
 		t.Fatalf("%d keys marked with the group in --json: %s", n, js)
+	}
+}
+
+// Values from the database reach the terminal quoted when they hold
+// anything but printable characters: a group name in a session's marker
+// (any session can write one) and a key's name in the terms table (any
+// writer of it can) cannot clear the screen, set the title or forge a line.
+func TestStatusQuotesWhatTheDatabaseSays(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, s.DSN()+"&application_name=marker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	group := "g\x1b[2J\nforged line"
+	key := leader.KeyFromName(t.Name())
+	args, vals := key.SQLArgs(1)
+	rc, ro := elector.GroupRoster(group)
+	classid, objid, objsubid := key.LockTag()
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{leader.TermsTableSQL(leader.DefaultTermsTable), nil},
+		{"INSERT INTO pgleader_terms VALUES ($1, $2, $3, $4, 1, 'marker', now())", []any{classid, objid, objsubid, "k\x1b]0;pwned\x07(1)"}},
+		{"SELECT pg_advisory_lock_shared($1::int4, $2::int4)", []any{int32(rc), int32(ro)}},
+		{"SELECT 'pgleader group v1 " + hex.EncodeToString([]byte(group)) + " 3'", nil},
+	} {
+		if _, err := c.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder, err := pgx.Connect(ctx, s.DSN()+"&application_name=holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	code, out := cli(t, nil, "status", "--dsn", s.DSN())
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	for _, bad := range []string{"\x1b", "\x07", "\nforged"} {
+		if strings.Contains(out, bad) {
+			t.Fatalf("status printed %q raw:\n%q", bad, out)
+		}
+	}
+	for _, want := range []string{`"g\x1b[2J\nforged line"`, `"k\x1b]0;pwned\a"`} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("status does not show %s quoted:\n%s", want, out)
+		}
 	}
 }

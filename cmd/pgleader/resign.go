@@ -44,9 +44,9 @@ candidate, 1 no answer or another error.
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: %s handed over to %s (seen after %s)\n", name, ho.From, ho.To, ho.Took.Round(10*time.Microsecond))
+	fmt.Fprintf(stdout, "%s: %s handed over to %s (seen after %s)\n", name, show(ho.From), show(ho.To), ho.Took.Round(10*time.Microsecond))
 	if *to != "" && ho.To != *to {
-		fmt.Fprintf(stderr, "pgleader resign: %s leads, not %s\n", ho.To, *to)
+		fmt.Fprintf(stderr, "pgleader resign: %s leads, not %s\n", show(ho.To), *to)
 		return exitCode(exitRefused)
 	}
 	return nil

@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 
@@ -356,7 +358,7 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 	for _, l := range locks {
 		holder, pid, user, held, term := "-", "-", "-", "-", "-"
 		if h := l.Holder; h != nil {
-			holder, pid, user = orDash(h.Identity), fmt.Sprint(h.PID), h.User
+			holder, pid, user = show(h.Identity), fmt.Sprint(h.PID), show(h.User)
 			if h.HeldSince != nil {
 				held = now.Sub(*h.HeldSince).Round(time.Second).String()
 				if !h.HeldSinceExact {
@@ -369,7 +371,7 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 		}
 		var waiting []string
 		for _, s := range l.Waiters {
-			w := fmt.Sprintf("%s(%d)", orDash(s.Identity), s.PID)
+			w := fmt.Sprintf("%s(%d)", show(s.Identity), s.PID)
 			switch {
 			case s.StandingSince != nil:
 				w += " " + now.Sub(*s.StandingSince).Round(time.Second).String()
@@ -388,16 +390,16 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 			if h := l.LastHandover; h != nil {
 				last = now.Sub(h.At).Round(time.Second).String() + " ago"
 				if h.From != "" {
-					last += ", from " + h.From
+					last += ", from " + show(h.From)
 					if h.Reason != "" {
-						last += " (" + h.Reason + ")"
+						last += " (" + show(h.Reason) + ")"
 					}
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, orDash(l.Name), holder, pid, user, held, term, last, orDash(strings.Join(waiting, ", ")))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, show(l.Name), holder, pid, user, held, term, last, orDash(strings.Join(waiting, ", ")))
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, orDash(l.Name), holder, pid, user, held, term, orDash(strings.Join(waiting, ", ")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, show(l.Name), holder, pid, user, held, term, orDash(strings.Join(waiting, ", ")))
 	}
 	tw.Flush()
 }
@@ -407,6 +409,21 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// show renders a value read from the database for a terminal: any role
+// sets its own application_name, and names in pgleader's tables are
+// whatever was written there, so a value with anything but printable
+// characters (a terminal's escape codes, a newline that forges a line, a
+// tab that shifts the columns) is printed quoted, with Go escapes. An
+// empty one is "-".
+func show(s string) string {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return orDash(s)
 }
 
 // readLastHandovers fills in each key's newest term from the default

@@ -109,6 +109,12 @@ func Open(ctx context.Context, conn *pgx.Conn, s Settings) (*Lease, error) {
 	return &Lease{conn: conn, sess: sess, identity: s.Identity}, nil
 }
 
+// Prove checks that the session is its backend's only client (see the
+// function Prove).
+func (l *Lease) Prove(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) error {
+	return Prove(ctx, l.sess, connect)
+}
+
 // PID is the session's backend pid.
 func (l *Lease) PID() uint32 { return l.sess.PID }
 

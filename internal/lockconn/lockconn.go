@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +46,7 @@ const (
 	// The session's own pg_temp functions are missing: the statement ran
 	// on another backend.
 	undefinedFunction = "42883"
+	invalidSchemaName = "3F000" // schema "pg_temp" does not exist: as above
 )
 
 // Tag is an advisory lock's identity in pg_locks, and its argument list for
@@ -138,6 +140,10 @@ type Session struct {
 	// pinned it (see PinnedPath): where a table named without a schema
 	// lives.
 	Schemas []string
+	// Direct: the server sees this connection's own TCP address and port
+	// as its client's, so no proxy (a pooler included) stands between.
+	// Otherwise Prove checks for a transaction pooler.
+	Direct bool
 }
 
 // Same reports a pooling error unless pid and token are the session's.
@@ -273,7 +279,8 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		sets = append(sets, [2]string{"synchronous_commit", "on"})
 	}
 	var sb strings.Builder
-	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8")
+	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8, " +
+		"host(inet_client_addr()), inet_client_port()")
 	setup := []any{""}
 	for i, kv := range sets {
 		fmt.Fprintf(&sb, ", set_config('%s', $%d, false)", kv[0], i+1)
@@ -287,7 +294,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	if sess.Schemas, err = pinned(res[0]); err != nil {
 		return sess, err
 	}
-	if len(res[1]) != 1 || len(res[1][0]) < 3 {
+	if len(res[1]) != 1 || len(res[1][0]) < 5 {
 		return sess, errors.New("pgleader: no row from the session setup statement")
 	}
 	row := res[1][0]
@@ -297,10 +304,61 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	}
 	deadlock, _ := strconv.ParseInt(string(row[2]), 10, 64)
 	sess.PID, sess.DeadlockTimeout = uint32(pid), time.Duration(deadlock)*time.Millisecond
+	sess.Direct = direct(conn, row[3], row[4])
 	if string(row[1]) == "t" {
 		return sess, fmt.Errorf("%w (session setup, backend pid %d)", ErrStandby, sess.PID)
 	}
 	return sess, nil
+}
+
+// direct reports whether the server's view of its client (its address and
+// port, NULL over a Unix socket) is this connection's own socket.
+func direct(conn *pgx.Conn, addr, port []byte) bool {
+	local, ok := conn.PgConn().Conn().LocalAddr().(*net.TCPAddr)
+	if !ok || addr == nil || port == nil {
+		return false
+	}
+	ip := net.ParseIP(string(addr))
+	p, err := strconv.Atoi(string(port))
+	return err == nil && ip != nil && ip.Equal(local.IP) && p == local.Port
+}
+
+// sharedBackend explains ErrTransactionPooling when Prove finds it.
+const sharedBackend = "a second connection through the same connector landed on this session's backend"
+
+// Prove checks, before anything is locked, that the session is its
+// backend's only client: a pooler in transaction or statement mode (such as
+// PgBouncer with pool_mode=transaction) hands an idle server connection to
+// whichever client runs the next transaction, and loses session locks. A
+// Direct session is proven already. Otherwise Prove opens a second
+// connection with connect and reads its backend pid and the session token:
+// a pooler in those modes gives the idle backend of this session to it (a
+// pooler hands out the server connection used last), and then either
+// matches: ErrTransactionPooling. A session pooler, or a plain TCP proxy,
+// gives it another backend. The session's later statements keep checking
+// their backend pid and token, so a pooler that hands this backend to
+// another client later is still caught.
+func Prove(ctx context.Context, sess Session, connect func(context.Context) (*pgx.Conn, error)) error {
+	if sess.Direct || connect == nil {
+		return nil
+	}
+	probe, err := connect(ctx)
+	if err != nil {
+		return fmt.Errorf("pgleader: a second connection to check for a pooler: %w", err)
+	}
+	defer Close(probe)
+	res, err := execUnnamed(ctx, probe, [][]any{{`SELECT pg_catalog.pg_backend_pid(), pg_catalog.current_setting('pgleader.owner', true)`}})
+	if err != nil {
+		return Pooling(err)
+	}
+	if len(res[0]) != 1 || len(res[0][0]) != 2 {
+		return errors.New("pgleader: no row from the pooler check")
+	}
+	row := res[0][0]
+	if string(row[0]) == strconv.FormatUint(uint64(sess.PID), 10) || row[1] != nil && string(row[1]) == sess.Token {
+		return fmt.Errorf("%w: %s (pid %d)", ErrTransactionPooling, sharedBackend, sess.PID)
+	}
+	return nil
 }
 
 // IsLockTimeout reports whether err is the server's lock_timeout
@@ -317,7 +375,8 @@ func Pooling(err error) error {
 	if errors.As(err, &pgErr) && (pgErr.Code == duplicatePreparedStatement || pgErr.Code == invalidSQLStatementName) {
 		return fmt.Errorf("%w: prepared statements vanish or collide: %w", ErrTransactionPooling, err)
 	}
-	if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction && strings.Contains(pgErr.Message, "pg_temp.pgleader_") {
+	if errors.As(err, &pgErr) && (pgErr.Code == undefinedFunction && strings.Contains(pgErr.Message, "pg_temp.pgleader_") ||
+		pgErr.Code == invalidSchemaName && strings.Contains(pgErr.Message, `"pg_temp"`)) {
 		return fmt.Errorf("%w: this session's own function is missing, so the statement ran on another backend: %w", ErrTransactionPooling, err)
 	}
 	return err

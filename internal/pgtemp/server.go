@@ -51,6 +51,9 @@ type Options struct {
 	Settings []string
 	// Logf, when set, receives progress lines.
 	Logf func(format string, args ...any)
+	// BinDir is the directory of the server binaries; default: as
+	// findBinDir finds them ($PGLEADER_PG_BINDIR first).
+	BinDir string
 }
 
 // Server is a throwaway PostgreSQL cluster listening on a loopback port.
@@ -79,7 +82,10 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxConnections == 0 {
 		opts.MaxConnections = 120
 	}
-	bindir, err := findBinDir()
+	bindir, err := opts.BinDir, error(nil)
+	if bindir == "" {
+		bindir, err = findBinDir()
+	}
 	if err != nil {
 		return nil, err
 	}
