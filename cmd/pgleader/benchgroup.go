@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/fleet"
+	"github.com/pgleader/pgleader/internal/proc"
 )
 
 // groupFleet is a group's member processes (the candidate subcommand in
@@ -300,9 +301,9 @@ func (b *bencher) groupStanding(keys int, window time.Duration) error {
 	slices3 := func() float64 {
 		var cpus []float64
 		for i := 0; i < 3; i++ {
-			cpu0, began := serverCPU(postmaster), time.Now()
+			cpu0, began := proc.TreeCPU(postmaster), time.Now()
 			time.Sleep(window / 3)
-			cpus = append(cpus, (serverCPU(postmaster)-cpu0)/time.Since(began).Seconds())
+			cpus = append(cpus, (proc.TreeCPU(postmaster)-cpu0)/time.Since(began).Seconds())
 		}
 		return median(cpus)
 	}
@@ -381,7 +382,7 @@ func (b *bencher) postmaster() int {
 	if err := b.admin.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		return 0
 	}
-	return parentPid(pid)
+	return proc.ParentPid(pid)
 }
 
 func removeString(s []string, v string) []string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/proc"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -27,7 +28,7 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 	ctx := context.Background()
 	var postmaster int
 	if err := b.admin.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&postmaster); err == nil {
-		postmaster = parentPid(postmaster)
+		postmaster = proc.ParentPid(postmaster)
 	}
 	measure := func(scen, what string, n int, keys int) error {
 		stop, err := b.standingFleet(n, keys)
@@ -41,9 +42,9 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 		var cpus []float64
 		logs0, all0 := b.logLines()
 		for i := 0; i < 3; i++ {
-			cpu0, began := serverCPU(postmaster), time.Now()
+			cpu0, began := proc.TreeCPU(postmaster), time.Now()
 			time.Sleep(window / 3)
-			cpus = append(cpus, (serverCPU(postmaster)-cpu0)/time.Since(began).Seconds())
+			cpus = append(cpus, (proc.TreeCPU(postmaster)-cpu0)/time.Since(began).Seconds())
 		}
 		cpu := median(cpus)
 		logs, all := b.logLines()
@@ -187,60 +188,6 @@ func findPgbench(b *bencher) string {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-// parentPid is a process's parent, from /proc (0 when unknown).
-func parentPid(pid int) int {
-	f := procStat(pid)
-	if len(f) < 2 {
-		return 0
-	}
-	pp, _ := strconv.Atoi(f[1])
-	return pp
-}
-
-// procStat returns the fields of /proc/PID/stat after the command name.
-func procStat(pid int) []string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		s = s[i+1:]
-	}
-	return strings.Fields(s)
-}
-
-// serverCPU sums the CPU seconds (user and system, as the kernel accounts
-// them) of the postmaster and all its children, including the children
-// that already exited (cutime, cstime of the postmaster). -1 when unknown.
-func serverCPU(postmaster int) float64 {
-	if postmaster <= 0 {
-		return -1
-	}
-	const hz = 100 // USER_HZ on Linux
-	ticks := func(f []string, i int) float64 {
-		if len(f) <= i {
-			return 0
-		}
-		v, _ := strconv.ParseFloat(f[i], 64)
-		return v
-	}
-	// After the ")": state=0 ppid=1 ... utime=11 stime=12 cutime=13 cstime=14.
-	pm := procStat(postmaster)
-	total := ticks(pm, 11) + ticks(pm, 12) + ticks(pm, 13) + ticks(pm, 14)
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == postmaster {
-			continue
-		}
-		if f := procStat(pid); len(f) > 14 && f[1] == strconv.Itoa(postmaster) {
-			total += ticks(f, 11) + ticks(f, 12)
-		}
-	}
-	return total / hz
-}
 
 // freshness measures how soon every follower learns of a new leader: n
 // electors on one key in this process, the leader resigned `runs` times,

@@ -377,6 +377,18 @@ func (s *Server) LogLinesOf(prefix string) int {
 	return n
 }
 
+// CPU is the CPU time the server's processes have used so far, in
+// seconds: the postmaster's, its live children's and its exited
+// children's (see proc.TreeCPU); -1 where /proc is missing.
+func (s *Server) CPU() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return -1
+	}
+	return proc.TreeCPU(s.cmd.Process.Pid)
+}
+
 // Port returns the server's TCP port on 127.0.0.1.
 func (s *Server) Port() int { return s.port }
 
