@@ -696,3 +696,122 @@ func TestRefusesPostgreSQL13(t *testing.T) {
 		t.Fatalf("TryRun: want ErrUnsupportedServer, got %v", err)
 	}
 }
+
+// A role that may not ask a leader to resign is told so once; its next
+// requests, for a while, are dropped unread (no role lookup, no answer, no
+// log line), however many it sends.
+func TestRefusedAskerIsDroppedUnread(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	el := start(t, rec, opts{dsn: r.AppDSN, key: key, id: "asked"})
+	rec.next("elected", "asked")
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	reply := fmt.Sprintf("pgleader.reply.%d", evil.PgConn().PID())
+	if _, err := evil.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	_, resign, _, _ := keyChannels(key)
+	for range 20 {
+		if _, err := evil.Exec(ctx, "SELECT pg_notify($1, '')", resign); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 10*tInterval)
+		n, err := evil.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		if !strings.HasPrefix(n.Payload, "refused: ") {
+			t.Fatalf("answer %q", n.Payload)
+		}
+		answers++
+	}
+	if answers != 1 {
+		t.Fatalf("%d answers to 20 requests from a refused role, want 1", answers)
+	}
+	if st := el.e.Status(); st.RequestsDropped < 19 || !st.Leading {
+		t.Fatalf("status after the requests: %+v", st)
+	}
+}
+
+// What a flood of forged notifications still costs the server, measured
+// in one run: 1 leader and 50 quiet followers standing for 10 s, then the
+// same 10 s with 2,000 notifications from another role (refused and
+// naming resign requests, reservations, announcements and vacancies, as
+// TestNotifyFlood sends them), then 10 s with 2,000 notifications on a
+// channel nobody listens to (the sender's own cost). It reports the
+// server's CPU in each window as a share of one core, and the leader's
+// log lines during the flood.
+//
+//	go test -run '^$' -bench NotifyFlood -benchtime 1x ./elector
+func BenchmarkNotifyFlood(b *testing.B) {
+	srv := testpg.Start(b)
+	r := testpg.NewRoles(b, srv)
+	rec := newRecorder(b)
+	key := leader.KeyFromName(b.Name())
+	core, logs := observer.New(zap.InfoLevel)
+	var els []*running
+	for i := range 51 {
+		o := opts{dsn: r.AppDSN, key: key, id: fmt.Sprintf("flood-%02d", i)}
+		if i == 0 {
+			o.logger = zap.New(core)
+		}
+		els = append(els, startWith(b, rec, o, func(c *elector.Config) {
+			c.RenewInterval, c.RenewDeadline, c.LeaseDuration = elector.DefaultRenewInterval, elector.DefaultRenewDeadline, elector.DefaultLeaseDuration
+		}))
+		if i == 0 {
+			rec.next("elected", o.id)
+		}
+	}
+	time.Sleep(10 * time.Second) // settle: every watcher has polled
+	announce, resign, reserve, _ := keyChannels(key)
+	evil := r.EvilConn(b)
+	window := func(name string, send func(i int) (string, string)) {
+		cpu0, logs0, began := srv.CPU(), logs.Len(), time.Now()
+		for i := range 2000 {
+			if send != nil {
+				ch, payload := send(i)
+				if _, err := evil.Exec(context.Background(), "SELECT pg_notify($1, $2)", ch, payload); err != nil {
+					b.Fatal(err)
+				}
+			}
+			time.Sleep(time.Until(began.Add(time.Duration(i+1) * 5 * time.Millisecond)))
+		}
+		cpu := (srv.CPU() - cpu0) / time.Since(began).Seconds()
+		b.ReportMetric(100*cpu, "%core-"+name)
+		b.Logf("%s: server CPU %.2f%% of a core over %s; %d leader log lines", name, 100*cpu, time.Since(began).Round(time.Millisecond), logs.Len()-logs0)
+	}
+	for b.Loop() {
+		window("standing", nil)
+		window("flood", func(i int) (string, string) {
+			switch i % 5 {
+			case 0:
+				return resign, ""
+			case 1:
+				return resign, els[1+i%50].e.Identity()
+			case 2:
+				return reserve, els[1+i%50].e.Identity()
+			case 3:
+				return announce, "EVIL"
+			}
+			return announce, ""
+		})
+		window("unheard", func(i int) (string, string) { return "nobody.listens", "x" })
+	}
+	b.Logf("sessions queued on the lock at the end: %d", len(mustHolder(b, srv, key).Waiters))
+}
+
+func mustHolder(t testing.TB, srv *testpg.Server, key leader.Key) leader.HolderInfo {
+	t.Helper()
+	h, err := leader.Holder(context.Background(), mustConn(t, srv), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}

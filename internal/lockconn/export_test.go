@@ -2,6 +2,7 @@ package lockconn
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -19,4 +20,12 @@ func (l *Lease) TakeSlot(t *Target, i int) error {
 	}
 	t.quiet.heir = i
 	return nil
+}
+
+// SetReservationBinds shortens how long a reservation binds; it returns
+// the value before.
+func SetReservationBinds(d time.Duration) time.Duration {
+	old := reservationBinds
+	reservationBinds = d
+	return old
 }

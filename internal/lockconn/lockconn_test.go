@@ -544,3 +544,58 @@ func TestQuietRoundRefusesAForeignBackend(t *testing.T) {
 		}
 	}
 }
+
+// A reservation binds for a bounded time: an heir that keeps winning the
+// lock while a session of its role holds the key's gate (a leader that
+// reserved the key and never let go) gives it back for ReservationBinds at
+// most, then keeps it.
+func TestReservationIsBounded(t *testing.T) {
+	defer lockconn.SetReservationBinds(lockconn.SetReservationBinds(300 * time.Millisecond))
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "heir", LockTimeout: time.Second, Lease: 30 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(key, "", "", "")
+	if quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 100 * time.Millisecond, Poll: time.Hour, Heirs: 2, Lease: 30 * time.Second}); err != nil || !quiet {
+		t.Fatalf("Watch: %v %v", quiet, err)
+	}
+	if err := ls.TakeSlot(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The gate, held by a session of the same role for good.
+	stuck, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close(context.Background())
+	if _, err := stuck.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.HeirClass, target.Gate()); err != nil {
+		t.Fatal(err)
+	}
+	began, gaveBack := time.Now(), 0
+	for {
+		r, err := ls.Campaign(ctx, target, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Held {
+			break
+		}
+		if r.Busy {
+			gaveBack++
+		}
+		if time.Since(began) > 30*time.Second {
+			t.Fatalf("the heir still gives the lock back after %s", time.Since(began))
+		}
+	}
+	if gaveBack == 0 {
+		t.Fatal("the heir kept the lock at once: the gate did not bind at all")
+	}
+	t.Logf("kept the lock after %s and %d rounds", time.Since(began).Round(time.Millisecond), gaveBack)
+}

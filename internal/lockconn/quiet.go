@@ -434,7 +434,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 		q.pauseUntil = now.Add(50 * time.Millisecond)
 		if q.gateSince.IsZero() {
 			q.gateSince = now
-		} else if now.Sub(q.gateSince) > ReservationBinds {
+		} else if now.Sub(q.gateSince) > reservationBinds {
 			q.gateOff = true
 		}
 	default:
@@ -483,7 +483,7 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 	}
 	q.leaderPID, q.leader = pid, holder
 	q.verify, q.lastLookup = false, now
-	if h := q.heard; h.pid != 0 && int32(h.pid) == pid && now.Sub(h.at) < ReservationBinds {
+	if h := q.heard; h.pid != 0 && int32(h.pid) == pid && now.Sub(h.at) < reservationBinds {
 		l.reserved(t, h)
 	}
 	q.heard = reservation{}
@@ -497,11 +497,14 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 // lock, or a bound after its unlock.
 const ReservationBinds = 15 * time.Second
 
+// reservationBinds is ReservationBinds, shorter in tests.
+var reservationBinds = ReservationBinds
+
 // reserved records a reservation the leader announced: the candidate it
 // names queues on the lock.
 func (l *Lease) reserved(t *Target, r reservation) {
 	if r.to == l.identity {
-		t.quiet.namedUntil = r.at.Add(ReservationBinds)
+		t.quiet.namedUntil = r.at.Add(reservationBinds)
 	}
 }
 

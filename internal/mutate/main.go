@@ -100,7 +100,11 @@ func run(only string, chaos, timeout time.Duration) error {
 		orig, _ := os.ReadFile(path)
 		os.WriteFile(path, bytes.Replace(orig, []byte(m.Old), []byte(m.New), 1), 0o644)
 		t0 := time.Now()
-		out, ok := goTest(work, timeout, unitPackages...)
+		pkgs := unitPackages
+		if p, ok := mutantPkgs[m.ID]; ok {
+			pkgs = p
+		}
+		out, ok := goTest(work, timeout, pkgs...)
 		result, by := "SURVIVED", m.Breaks
 		switch {
 		case !ok && (strings.Contains(out, "[build failed]") || strings.Contains(out, "[setup failed]")):

@@ -6,6 +6,12 @@ type mutant struct {
 	ID, File, Old, New, Breaks string
 }
 
+// mutantPkgs are the packages to test for a mutant instead of
+// unitPackages: a bug only another module's tests can see.
+var mutantPkgs = map[string][]string{
+	"cli-unquoted": {"./cmd/pgleader", "-run", "TestStatus"},
+}
+
 // mutants are the planted bugs that matter for the contract. Keep each one
 // small and realistic: a line a developer could get wrong. When a change
 // adds a safety-relevant line, add its bug here and a test that kills it.
@@ -29,7 +35,7 @@ var mutants = []mutant{
 		"CASE WHEN h.r THEN false ELSE h.h OR ", "CASE WHEN false THEN false ELSE h.h OR ",
 		"a campaign round locks on a standby (the setup check still refuses)"},
 	{"setup-accepts-standby", "internal/lockconn/lockconn.go",
-		"if standby, _ := vals[1].(bool); standby {", "if standby, _ := vals[1].(bool); standby && false {",
+		`if string(row[1]) == "t" {`, `if string(row[1]) == "t" && false {`,
 		"the session setup accepts a standby (later checks still refuse)"},
 	{"renew-accepts-standby", "internal/lockconn/lockconn.go",
 		"\tif standby {\n\t\treturn ErrStandby", "\tif false && standby {\n\t\treturn ErrStandby",
@@ -120,10 +126,10 @@ var mutants = []mutant{
 		"_, err = ls.Confirm(cctx, target)", "err = cctx.Err()",
 		"TryRun skips its first check: its trust window starts at the acquire's reply, not at a check's send"},
 	{"tx-keeps-statement-timeout", "lock/tx.go",
-		", set_config('statement_timeout', '0', true)`", "`",
+		", pg_catalog.set_config('statement_timeout', '0', true)`", "`",
 		"a role's statement_timeout cuts lock.Tx's wait short"},
 	{"trytx-on-standby", "lock/tx.go",
-		"CASE WHEN r THEN false ELSE pg_try_advisory_xact_lock(", "CASE WHEN false THEN false ELSE pg_try_advisory_xact_lock(",
+		"CASE WHEN r THEN false ELSE pg_catalog.pg_try_advisory_xact_lock(", "CASE WHEN false THEN false ELSE pg_catalog.pg_try_advisory_xact_lock(",
 		"lock.TryTx locks on a standby"},
 
 	// Fencing and probes.
@@ -131,7 +137,7 @@ var mutants = []mutant{
 		"DO UPDATE SET term = t.term + 1,", "DO UPDATE SET term = t.term,",
 		"a new leader keeps the old term"},
 	{"fence-without-share-lock", "internal/terms/terms.go",
-		"objsubid = $3::int2 FOR SHARE`", "objsubid = $3::int2`",
+		"$3::pg_catalog.int2 FOR SHARE`", "$3::pg_catalog.int2`",
 		"a fenced transaction does not hold off the next term"},
 	{"live-tolerance-doubled", "health/health.go",
 		"since > st.RenewDeadline+c.opts.Tolerance {", "since > st.RenewDeadline+2*c.opts.Tolerance {",
@@ -170,7 +176,7 @@ var mutants = []mutant{
 		"\tcase !allowed:\n", "\tcase false && !allowed:\n",
 		"a leader steps down at the request of any role that can connect"},
 	{"handover-gate-ignored", "internal/lockconn/quiet.go",
-		"IF NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate)", "IF false AND NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate)",
+		"IF gate IS NOT NULL\n    AND NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate)", "IF false AND gate IS NOT NULL\n    AND NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate)",
 		"a candidate keeps a lock reserved for another, so a handover to a named candidate goes to whoever queued first"},
 	{"group-release-before-return", "elector/group.go",
 		"\t\t\t\tif now.Before(t.releaseAt) {\n\t\t\t\t\tcontinue\n\t\t\t\t}\n", "",
@@ -188,7 +194,7 @@ var mutants = []mutant{
 		"\te.electedOnce.Do(func() { close(e.elected) })\n", "",
 		"Elected never closes, so a main waiting to lead waits for ever"},
 	{"observe-no-lookup", "elector/observe.go",
-		"\t\tcase errors.Is(err, context.DeadlineExceeded):\n\t\t\tif err := lookup(); err != nil {", "\t\tcase errors.Is(err, context.DeadlineExceeded):\n\t\t\tif err := error(nil); err != nil {",
+		"next := lastLookup.Add(observePoll)", "next := lastLookup.Add(time.Hour)",
 		"Observe misses a leader that ended with no successor"},
 	{"quiet-no-announce", "internal/lockconn/lease.go",
 		"\tb.Queue(notifySQL, t.Channel())", "\tb.Queue(`SELECT 1`)",
@@ -199,4 +205,54 @@ var mutants = []mutant{
 	{"quiet-wait-past-deadlock", "elector/lease.go",
 		"w = min(w, deadlock*4/5)", "w = max(w, deadlock*4/5)",
 		"quiet rounds outlast deadlock_timeout, so every round runs the deadlock detector"},
+
+	// A shared database: what another role says or holds (issue #24).
+	{"search-path-not-pinned", "internal/lockconn/lockconn.go",
+		"pg_catalog.set_config('search_path', '` + PinnedPath + `', false)`", "pg_catalog.current_setting('search_path')`",
+		"a role's search_path reaches another role's pg_try_advisory_lock and pg_locks in pgleader's sessions"},
+	{"holder-unqualified", "leader/holder.go",
+		"FROM pg_catalog.pg_locks l LEFT JOIN", "FROM pg_locks l LEFT JOIN",
+		"Holder, on the caller's connection, reads another role's pg_locks"},
+	{"guard-unqualified", "lock/pool.go",
+		"SELECT pg_catalog.count(*) AS n FROM pg_catalog.pg_locks", "SELECT pg_catalog.count(*) AS n FROM pg_locks",
+		"the pool guard counts another role's pg_locks and leaks a lock"},
+	{"foreign-table-trusted", "internal/terms/terms.go",
+		"case !member && owner != o.TrustedOwner:", "case false:",
+		"a terms table another role created first is used, and its owner can rewind a term"},
+	{"group-sender-unchecked", "elector/group.go",
+		"\tcase !member:\n", "\tcase false && !member:\n",
+		"a group obeys any session's NOTIFY: a forged resign moves a key"},
+	{"group-member-any-role", "elector/group.go",
+		"\n    AND a.usename = session_user`", "`",
+		"a session of another role that holds the roster lock is a member, and the keys assigned to it go unled"},
+	{"group-join-unchecked", "elector/group.go",
+		"\tg.joined = ok\n", "\tg.joined = true\n",
+		"a member kept out by a squatted roster lock says nothing"},
+	{"group-table-full-fatal", "elector/group.go",
+		"\tif errors.Is(err, errTableFull) {\n", "\tif false && errors.Is(err, errTableFull) {\n",
+		"a lock table another role filled ends the group for good"},
+	{"notify-sender-unchecked", "internal/lockconn/quiet.go",
+		"leader := q.leaderPID != 0 && int32(n.PID) == q.leaderPID", "leader := true",
+		"followers believe any session's reservation and queue on the lock (a flood queues them all)"},
+	{"announcement-believed", "elector/observe.go",
+		"\t\t\tcase n.Payload == \"\" && holderPID != 0 && n.PID == holderPID:", "\t\t\tcase n.Payload != \"\":\n\t\t\t\treport(n.Payload)\n\t\t\tcase n.Payload == \"\" && holderPID != 0 && n.PID == holderPID:",
+		"Observe reports an announcement's payload, which any role can send"},
+	{"gate-any-role", "internal/lockconn/quiet.go",
+		" AND l.mode = 'ExclusiveLock' AND a.usename = session_user) THEN", " AND l.mode = 'ExclusiveLock') THEN",
+		"any role holding a key's gate makes every winner give the lock back: the key stalls"},
+	{"gate-unbounded", "internal/lockconn/quiet.go",
+		"} else if now.Sub(q.gateSince) > reservationBinds {", "} else if false {",
+		"a follower gives won locks back to a stuck reservation for ever"},
+	{"requests-unlimited", "elector/tenure.go",
+		"\tif !e.requests.admit(req.PID, now) {", "\tif false && !e.requests.admit(req.PID, now) {",
+		"every resign request of a flood costs the leader a role lookup and an answer"},
+	{"pooler-probe-skipped", "internal/lockconn/lockconn.go",
+		"if sess.Direct || connect == nil {", "if true {",
+		"a lone elector leads through a transaction pooler until another client lands on its backend"},
+	{"direct-check-loose", "internal/lockconn/lockconn.go",
+		"ip.Equal(local.IP) && p == local.Port", "ip.Equal(local.IP)",
+		"a pooler on the same host passes for a direct connection, so nobody checks for it"},
+	{"cli-unquoted", "cmd/pgleader/status.go",
+		"\t\tif !unicode.IsPrint(r) {\n\t\t\treturn strconv.Quote(s)", "\t\tif false {\n\t\t\treturn strconv.Quote(s)",
+		"pgleader status prints the database's strings raw: escape codes reach the terminal"},
 }
