@@ -19,6 +19,7 @@ var (
 	groupDur = flag.Duration("chaos.group-duration", 20*time.Second, "how long TestChaosGroup injects faults")
 	keys     = flag.Int("chaos.keys", 100, "keys of TestChaosGroup's group")
 	members  = flag.Int("chaos.members", 3, "members of TestChaosGroup's group (plus one that reaches only the standby)")
+	hostile  = flag.Duration("chaos.hostile-duration", 20*time.Second, "how long TestChaosHostile and TestChaosGroupHostile inject faults")
 )
 
 func TestMain(m *testing.M) {
@@ -62,6 +63,42 @@ func TestChaosGroup(t *testing.T) {
 	}
 	if r.Tenures < 2**keys {
 		t.Fatalf("only %d tenures for %d keys: the schedule did not move keys", r.Tenures, *keys)
+	}
+}
+
+// TestChaosHostile runs the schedule beside a hostile tenant (see
+// hostile.go): the electors' role has a shadowed search_path, and another
+// role forges notifications, squats pgleader's locks and fills the lock
+// table. Every invariant must hold, and no elector may be told of a
+// leader that is not one of them.
+func TestChaosHostile(t *testing.T) {
+	s := *seed
+	if s == 0 {
+		s = time.Now().UnixNano() % 1_000_000
+	}
+	r := Run(t, Config{Seed: s, Duration: *hostile, Failover: true, Hostile: true})
+	t.Log("\n" + r.Summary())
+	if !r.OK() {
+		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
+	}
+	if r.Hostile["notifications"] == 0 {
+		t.Fatal("the hostile tenant sent nothing")
+	}
+}
+
+// TestChaosGroupHostile is TestChaosHostile for the members of a group.
+func TestChaosGroupHostile(t *testing.T) {
+	s := *seed
+	if s == 0 {
+		s = time.Now().UnixNano() % 1_000_000
+	}
+	r := Run(t, Config{Seed: s, Duration: *hostile, Failover: true, Group: true, Keys: *keys, Electors: *members, Hostile: true})
+	t.Log("\n" + r.Summary())
+	if !r.OK() {
+		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
+	}
+	if r.Hostile["notifications"] == 0 {
+		t.Fatal("the hostile tenant sent nothing")
 	}
 }
 

@@ -108,6 +108,9 @@ func ChildMain(role string) int {
 			OnDemoted: func(l leader.Leadership, reason error) {
 				em.Emit(testpg.Event{Ev: "demoted", Identity: id, Term: l.Term, Err: leader.ReasonLabel(reason)})
 			},
+			OnNewLeader: func(leader string) {
+				em.Emit(testpg.Event{Ev: "leaderseen", Identity: id, Data: leader})
+			},
 		},
 	})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"math/rand"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,6 +38,11 @@ type Config struct {
 	// liveness means every key led.
 	Group bool
 	Keys  int
+	// Hostile runs a hostile tenant beside the faults (see hostile.go):
+	// the electors run as a role whose search_path another role has
+	// shadowed, and that role forges notifications, squats pgleader's
+	// locks and fills the lock table.
+	Hostile bool
 }
 
 // AllFaults are the fault types the schedule draws from.
@@ -82,13 +88,17 @@ type Report struct {
 	// that lost a commit would do that).
 	HistoryTerms   map[string]int
 	HistoryMissing int
+	// Hostile counts what the hostile tenant did.
+	Hostile map[string]int
 }
 
 // OK reports whether no invariant was violated.
 func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
 type harness struct {
-	promoted int64 // mono when the promotion was requested, 0 before
+	mu       sync.Mutex    // current and seq, which the hostile tenant reads
+	roles    *testpg.Roles // the hostile mode's roles
+	promoted int64         // mono when the promotion was requested, 0 before
 	t        testing.TB
 	cfg      Config
 	rng      *rand.Rand
@@ -127,6 +137,9 @@ func Run(t testing.TB, cfg Config) *Report {
 			t.Fatal(err)
 		}
 	}
+	if cfg.Hostile {
+		h.hostileSetup()
+	}
 	if cfg.Failover {
 		st, err := h.primary.NewStandby()
 		if err != nil {
@@ -164,7 +177,15 @@ func Run(t testing.TB, cfg Config) *Report {
 	if h.standby != nil {
 		h.spawnOn(h.role(), true)
 	}
-	h.schedule()
+	if cfg.Hostile {
+		stop, done := make(chan struct{}), make(chan struct{})
+		go h.tenant(stop, done)
+		h.schedule()
+		close(stop)
+		<-done
+	} else {
+		h.schedule()
+	}
 	h.finish()
 	h.check()
 	return h.report
@@ -191,8 +212,10 @@ func (h *harness) role() string {
 // read-write or with none (then DSN finds the primary itself), in turn; or,
 // with standbyOnly, the standby alone.
 func (h *harness) spawnOn(role string, standbyOnly bool) *proc {
+	h.mu.Lock()
 	h.seq++
 	id := fmt.Sprintf("chaos-%d", h.seq)
+	h.mu.Unlock()
 	p := &proc{id: id, standbyOnly: standbyOnly}
 	servers := []*testpg.Server{h.primary}
 	if h.standby != nil {
@@ -219,7 +242,11 @@ func (h *harness) spawnOn(role string, standbyOnly bool) *proc {
 	case h.seq%2 == 0:
 		attrs = ""
 	}
-	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=3%s", joinHostPorts(hosts, ports), attrs)
+	user := "postgres"
+	if h.roles != nil {
+		user = h.roles.App
+	}
+	dsn := fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable&connect_timeout=3%s", user, joinHostPorts(hosts, ports), attrs)
 	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key, fmt.Sprintf("CHAOS_KEYS=%d", h.cfg.Keys))
 	h.procs = append(h.procs, p)
 	return p
@@ -387,7 +414,9 @@ func (h *harness) schedule() {
 			if err := h.standby.Promote(context.Background()); err != nil {
 				h.t.Fatalf("promote: %v", err)
 			}
+			h.mu.Lock()
 			h.current = h.standby
+			h.mu.Unlock()
 			bound = 10 * time.Second
 		case "slow-drain":
 			// OnElected keeps working for 2 to 3 leases after its context
@@ -510,6 +539,7 @@ func (h *harness) check() {
 	}
 	for _, p := range h.procs {
 		h.checkProcess(p)
+		h.checkLeadersSeen(p)
 	}
 	h.report.Tenures = len(all)
 	sort.Slice(all, func(i, j int) bool { return all[i].start < all[j].start })
@@ -524,6 +554,22 @@ func (h *harness) check() {
 		h.checkHistory(conn, all)
 	}
 	h.checkSessions(conn)
+}
+
+// checkLeadersSeen checks that every leader an elector was told of
+// (OnNewLeader) is one of the electors: no announcement another role
+// forged may reach it.
+func (h *harness) checkLeadersSeen(p *proc) {
+	known := map[string]bool{}
+	for _, q := range h.procs {
+		known[q.id] = true
+	}
+	for _, e := range p.child.Log() {
+		if e.Ev == "leaderseen" && !known[e.Data] {
+			h.violate("leaders: %s was told %q leads", p.id, e.Data)
+			return
+		}
+	}
 }
 
 // checkHistory compares the history table with the tenures: a row of a
@@ -843,6 +889,14 @@ func (r *Report) Summary() string {
 		}
 		sort.Strings(reasons)
 		fmt.Fprintf(&b, "history table: %s; tenures without a row: %d\n", strings.Join(reasons, ", "), r.HistoryMissing)
+	}
+	if r.Hostile != nil {
+		var did []string
+		for k, n := range r.Hostile {
+			did = append(did, fmt.Sprintf("%s %d", k, n))
+		}
+		sort.Strings(did)
+		fmt.Fprintf(&b, "hostile tenant (shadowed built-ins, forged notifications, squats in pgleader's lock space, a full lock table): %s\n", strings.Join(did, ", "))
 	}
 	fmt.Fprintf(&b, "%-18s %6s %14s %14s %14s\n", "fault", "count", "failover p50", "failover max", "healed->leader")
 	var names []string
