@@ -1,5 +1,7 @@
 module github.com/pgleader/pgleader/examples
 
+// Go 1.26: franz-go's in-process Kafka (kfake), which examples/kafka-singleton
+// runs, requires it. The library modules need only Go 1.25.
 go 1.26.0
 
 require github.com/pgleader/pgleader v0.0.0-00010101000000-000000000000

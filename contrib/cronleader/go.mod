@@ -1,6 +1,6 @@
 module github.com/pgleader/pgleader/contrib/cronleader
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/pgleader/pgleader v0.0.0-00010101000000-000000000000
@@ -15,8 +15,8 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	go.uber.org/multierr v1.10.0 // indirect
 	go.uber.org/zap v1.28.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )
 
 replace github.com/pgleader/pgleader => ../..

@@ -1,6 +1,6 @@
 module github.com/pgleader/pgleader/contrib/gocronleader
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
@@ -18,8 +18,8 @@ require (
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	go.uber.org/multierr v1.10.0 // indirect
 	go.uber.org/zap v1.28.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )
 
 replace github.com/pgleader/pgleader => ../..
