@@ -6,8 +6,8 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader v0.0.0-00010101000000-000000000000
-	github.com/pgleader/pgleader/contrib/promleader v0.0.0-00010101000000-000000000000
+	github.com/pgleader/pgleader v0.0.0-20261201154258-0285ac39d2fa
+	github.com/pgleader/pgleader/contrib/promleader v0.0.0-20261201154258-0285ac39d2fa
 	github.com/prometheus/client_golang v1.24.0
 	go.uber.org/zap v1.28.0
 )
@@ -31,7 +31,3 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/pgleader/pgleader => ../..
-
-replace github.com/pgleader/pgleader/contrib/promleader => ../../contrib/promleader

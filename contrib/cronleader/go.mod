@@ -3,7 +3,7 @@ module github.com/pgleader/pgleader/contrib/cronleader
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-00010101000000-000000000000
+	github.com/pgleader/pgleader v0.0.0-20261201154258-0285ac39d2fa
 	github.com/robfig/cron/v3 v3.0.1
 	go.uber.org/goleak v1.3.0
 )
@@ -18,5 +18,3 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/pgleader/pgleader => ../..

@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/pgleader/pgleader v0.0.0-00010101000000-000000000000
+	github.com/pgleader/pgleader v0.0.0-20261201154258-0285ac39d2fa
 	go.uber.org/goleak v1.3.0
 )
 
@@ -21,5 +21,3 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/pgleader/pgleader => ../..

@@ -3,7 +3,7 @@ module github.com/pgleader/pgleader/contrib/promleader
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-00010101000000-000000000000
+	github.com/pgleader/pgleader v0.0.0-20261201154258-0285ac39d2fa
 	github.com/prometheus/client_golang v1.24.0
 	github.com/prometheus/client_model v0.6.3
 )
@@ -25,5 +25,3 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/pgleader/pgleader => ../..
