@@ -160,12 +160,17 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 			conn.PgConn().CancelRequest(cctx)
 		}
 	}
-	stop := context.AfterFunc(ctx, cancelWait)
+	// A stop's cancel request goes out before the session closes: when
+	// the AfterFunc has begun, wait for it to finish.
+	stopped := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		cancelWait()
+	})
 	defer func() {
-		stop()
-		// The cancel, if any, has been sent before the session closes.
-		mu.Lock()
-		mu.Unlock()
+		if !stop() {
+			<-stopped
+		}
 	}()
 	for {
 		// Follow the latest target; with none, wait for one.

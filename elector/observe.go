@@ -121,10 +121,3 @@ func observeOnce(ctx context.Context, connect Connector, key leader.Key, channel
 		}
 	}
 }
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}

@@ -31,9 +31,8 @@ type groupFleet struct {
 }
 
 type tenure struct {
-	member        string
-	from, to      int64 // to: OnElected returned (0: not yet)
-	killed, moved bool
+	member   string
+	from, to int64 // to: OnElected returned (0: not yet)
 }
 
 func (b *bencher) newGroupFleet(keys int, single bool) (*groupFleet, error) {

@@ -63,8 +63,7 @@ type Server struct {
 	dir     string // temp dir; holds data/, the socket and the log
 	port    int
 	cred    *proc.Cred
-	release func() // ends the server's watchdog (see proc.Start)
-	version int    // server_version_num
+	version int // server_version_num
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
