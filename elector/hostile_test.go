@@ -460,33 +460,42 @@ func TestForeignGateDoesNotStall(t *testing.T) {
 	for i := range 3 {
 		els = append(els, start(t, rec, opts{dsn: r.AppDSN, key: key, id: fmt.Sprintf("gate-%d", i)}))
 	}
-	cur := rec.next("elected", "")
-	for range 3 {
-		waitRounds(t, els, 2)
+	leading := func() *running {
 		for _, rn := range els {
-			if rn.e.Identity() != cur.id {
-				continue
+			if rn.e.IsLeader() {
+				return rn
 			}
-			began := time.Now()
-			if err := rn.e.Resign(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			next := rec.next("elected", "")
-			// The bound of one election with these settings: a lease and a
-			// watcher's poll, with room for a loaded machine.
-			if took := time.Since(began); took > 3*tLease {
-				t.Fatalf("%s elected %s after %s resigned, with another role holding the gate", next.id, took, cur.id)
-			}
-			cur = next
-			break
 		}
+		return nil
+	}
+	for handovers := 0; handovers < 3; {
+		var cur *running
+		eventually(t, "a leader", func() (bool, string) { cur = leading(); return cur != nil, "" })
+		waitRounds(t, els, 2)
+		began := time.Now()
+		if err := cur.e.Resign(context.Background()); errors.Is(err, leader.ErrNotLeader) {
+			continue // it lost the lead meanwhile (a loaded machine): try again
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		var next *running
+		eventually(t, "the next leader", func() (bool, string) {
+			next = leading()
+			return next != nil && next != cur, ""
+		})
+		// The bound of one election with these settings: a lease and a
+		// watcher's poll, with room for a loaded machine.
+		if took := time.Since(began); took > 3*tLease {
+			t.Fatalf("%s elected %s after %s resigned, with another role holding the gate", next.e.Identity(), took, cur.e.Identity())
+		}
+		handovers++
 	}
 }
 
 // countWaiters counts the sessions queued on key.
-func countWaiters(t *testing.T, srv *testpg.Server, key leader.Key) int {
+func countWaiters(t *testing.T, conn *pgx.Conn, key leader.Key) int {
 	t.Helper()
-	h, err := leader.Holder(context.Background(), mustConn(t, srv), key)
+	h, err := leader.Holder(context.Background(), conn, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,14 +524,18 @@ func TestNotifyFlood(t *testing.T) {
 		if i == 0 {
 			o.logger = zap.New(core)
 		}
-		els = append(els, start(t, rec, o))
+		// The defaults' margins: 51 electors on a loaded 2-core machine.
+		els = append(els, startWith(t, rec, o, func(c *elector.Config) {
+			c.RenewInterval, c.RenewDeadline, c.LeaseDuration = elector.DefaultRenewInterval, elector.DefaultRenewDeadline, elector.DefaultLeaseDuration
+		}))
 		if i == 0 {
 			rec.next("elected", o.id)
 		}
 	}
 	leaderID := els[0].e.Identity()
+	admin := mustConn(t, srv)
 	eventually(t, "two heirs queue", func() (bool, string) {
-		n := countWaiters(t, srv, key)
+		n := countWaiters(t, admin, key)
 		return n == 2, fmt.Sprint(n, " waiting")
 	})
 	before := logs.Len()
@@ -549,14 +562,22 @@ func TestNotifyFlood(t *testing.T) {
 		}
 	}
 	t.Logf("2,000 notifications sent in %s", time.Since(began))
-	// Every follower has read them (several rounds since), and any early
-	// poll they caused is over.
-	waitRounds(t, els[:3], 3)
-	for range 3 {
-		if w := countWaiters(t, srv, key); w != 2 {
-			t.Fatalf("%d sessions queue on the lock, want the 2 heirs", w)
+	// For a while after the flood (followers may still be reading it, and
+	// a named follower would queue for 15 s): never more than the two heirs
+	// queue, and both do again. An heir between two rounds, or looking the
+	// holder up, is not queued for that moment, so the two are required
+	// at some point, not at every sample.
+	most, both := 0, false
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end) || !both; {
+		w := countWaiters(t, admin, key)
+		most, both = max(most, w), both || w == 2
+		if time.Since(began) > waitLong {
+			break
 		}
-		time.Sleep(tInterval)
+		time.Sleep(5 * time.Millisecond)
+	}
+	if most > 2 || !both {
+		t.Fatalf("after the flood, up to %d sessions queued on the lock (the 2 heirs seen together: %v)", most, both)
 	}
 	if !els[0].e.IsLeader() {
 		t.Fatal("the leader stopped leading")

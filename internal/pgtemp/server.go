@@ -135,24 +135,129 @@ func (s *Server) startOnFreePort() error {
 	return lastErr
 }
 
-// NewStandby makes a streaming-replication standby of s with pg_basebackup
-// and starts it on its own port. Promote turns it into a primary. Close it
-// before s.
+// NewStandby makes a streaming-replication standby of s and starts it on
+// its own port. Promote turns it into a primary. Close it before s. It
+// uses pg_basebackup, or, where the server's binaries lack it (the
+// embedded-postgres builds of PostgreSQL 14 to 18 that CI's matrix uses),
+// a base backup of its own: the same files, copied between
+// pg_backup_start and pg_backup_stop on the local data directory, with
+// WAL kept for the standby by a replication slot.
 func (s *Server) NewStandby() (*Server, error) {
 	st := &Server{opts: s.opts, bindir: s.bindir, cred: s.cred}
 	if err := st.makeDir(); err != nil {
 		return nil, err
 	}
-	cmd := st.command("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "postgres",
-		"-D", filepath.Join(st.dir, "data"), "-R", "-X", "stream", "--no-sync")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	data := filepath.Join(st.dir, "data")
+	var err error
+	if _, lerr := os.Stat(filepath.Join(s.bindir, "pg_basebackup")); lerr == nil {
+		cmd := st.command("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "postgres",
+			"-D", data, "-R", "-X", "stream", "--no-sync")
+		if out, cerr := cmd.CombinedOutput(); cerr != nil {
+			err = fmt.Errorf("pg_basebackup: %w\n%s", cerr, out)
+		}
+	} else {
+		err = s.baseBackup(data, st.cred)
+	}
+	if err != nil {
 		os.RemoveAll(st.dir)
-		return nil, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
+		return nil, err
 	}
 	if err := st.startOnFreePort(); err != nil {
 		return nil, err
 	}
 	return st, nil
+}
+
+// baseBackup copies s's data directory to dst as a standby's, without
+// pg_basebackup: a non-exclusive backup on one session (pg_backup_start,
+// the copy, pg_backup_stop, whose label becomes backup_label), a physical
+// replication slot that keeps the WAL from the backup's start for the
+// standby, and standby.signal with the connection settings pg_basebackup
+// -R would write.
+func (s *Server) baseBackup(dst string, cred *proc.Cred) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	slot := fmt.Sprintf("pgtemp_standby_%d", time.Now().UnixNano())
+	start, stop := "SELECT pg_backup_start('pgtemp', true)", "SELECT labelfile FROM pg_backup_stop(false)"
+	if s.version < 150000 {
+		start, stop = "SELECT pg_start_backup('pgtemp', true, false)", "SELECT labelfile FROM pg_stop_backup(false, false)"
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slot); err != nil {
+		return fmt.Errorf("base backup: %w", err)
+	}
+	if _, err := conn.Exec(ctx, start); err != nil {
+		return fmt.Errorf("base backup: %w", err)
+	}
+	src := filepath.Join(s.dir, "data")
+	skip := map[string]bool{"postmaster.pid": true, "postmaster.opts": true, "backup_label": true, "tablespace_map": true}
+	empty := map[string]bool{"pg_wal": true, "pg_replslot": true, "pg_stat_tmp": true, "pg_dynshmem": true, "pg_notify": true, "pg_serial": true, "pg_snapshots": true, "pg_subtrans": true}
+	err = filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			if os.IsNotExist(err) {
+				return nil // a file the server removed meanwhile: the WAL replays it
+			}
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			if err := os.MkdirAll(target, 0o700); err != nil {
+				return err
+			}
+			if empty[rel] {
+				return filepath.SkipDir
+			}
+			return nil
+		case skip[rel] || !d.Type().IsRegular():
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if os.IsNotExist(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, 0o600)
+	})
+	if err != nil {
+		return fmt.Errorf("base backup: copy: %w", err)
+	}
+	var label string
+	if err := conn.QueryRow(ctx, stop).Scan(&label); err != nil {
+		return fmt.Errorf("base backup: %w", err)
+	}
+	conf := fmt.Sprintf("\nprimary_conninfo = 'host=127.0.0.1 port=%d user=postgres'\nprimary_slot_name = '%s'\n", s.port, slot)
+	files := map[string]string{"backup_label": label, "standby.signal": ""}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dst, name), []byte(body), 0o600); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dst, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(conf); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	if cred != nil {
+		return filepath.WalkDir(dst, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Chown(path, int(cred.UID), int(cred.GID))
+		})
+	}
+	return nil
 }
 
 // Promote promotes a standby to a primary and waits until it accepts

@@ -3,6 +3,8 @@ package testpg_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +88,41 @@ func TestServerAndFaults(t *testing.T) {
 		if _, err := srv.QueryInt(ctx, "SELECT 1"); err != nil {
 			t.Fatalf("after %s restart: %v", mode, err)
 		}
+	}
+}
+
+// The server the tests start is the one CI's matrix asks for: CI sets
+// PGLEADER_EXPECT_MAJOR beside PGLEADER_PG_BINDIR and runs this test with
+// -v, so that its output names the version each run used. A standby made
+// without pg_basebackup (the matrix's builds lack it) replicates.
+func TestServerVersion(t *testing.T) {
+	primary, standby := testpg.StartWithStandby(t, testpg.Options{Settings: []string{"wal_level=replica", "max_wal_senders=4"}})
+	ctx := context.Background()
+	var version string
+	conn, err := primary.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("PostgreSQL %s (server_version_num %d), binaries from %s", version, primary.VersionNum(), primary.BinDir())
+	if want := os.Getenv("PGLEADER_EXPECT_MAJOR"); want != "" && fmt.Sprint(primary.VersionNum()/10000) != want {
+		t.Fatalf("server_version_num %d, want major %s", primary.VersionNum(), want)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS replicated (v int); INSERT INTO replicated VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := standby.QueryInt(ctx, "SELECT count(*) FROM replicated")
+		if err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby did not replicate within 30s (%v)", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
