@@ -607,8 +607,9 @@ func (h holder) String() string {
 func exclusiveHolder(ctx context.Context, conn *pgx.Conn, obj int32) (holder, error) {
 	var h holder
 	var pid int32
-	err := conn.QueryRow(ctx, `SELECT l.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''), coalesce(a.usename = session_user, false)
-FROM pg_locks l LEFT JOIN pg_stat_activity a USING (pid)
+	err := conn.QueryRow(ctx, `SELECT l.pid, coalesce(pg_get_userbyid(a.usesysid)::text, ''), coalesce(a.application_name, ''),
+  coalesce(a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid())), false)
+FROM pg_locks l LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2 AND l.granted
   AND l.mode = 'ExclusiveLock' AND l.pid <> pg_backend_pid() LIMIT 1`, uint32(lockconn.HeirClass), uint32(obj)).Scan(&pid, &h.role, &h.app, &h.ownRole)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -793,14 +794,16 @@ func (g *Group) tableFull(cause error) error {
 // (outside pgleader's own space), then one per member, with its backend
 // pid. A member is a session of this session's own login role that holds
 // the roster lock: any role can take that lock, and a session of another
-// role that does is not a member (keys assigned to it would go unled).
+// role that does is not a member (keys assigned to it would go unled). It
+// reads no shared catalog (see the lockconn package doc): a round must
+// renew the keys while another role fills the lock table.
 var scanSQL = `WITH l AS MATERIALIZED (SELECT classid, objid, objsubid, pid, granted, mode FROM pg_locks
-  WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+  WHERE locktype = 'advisory' AND database = (SELECT datid FROM pg_stat_get_activity(pg_backend_pid())))
 SELECT true, classid, objid, objsubid, '', 0 FROM l WHERE pid = pg_backend_pid() AND granted AND mode = 'ExclusiveLock' AND classid <> ` + fmt.Sprint(uint32(lockconn.HeirClass)) + `
 UNION ALL
-SELECT false, 0, 0, 0, coalesce(a.application_name, ''), l.pid FROM l JOIN pg_stat_activity a USING (pid)
+SELECT false, 0, 0, 0, coalesce(a.application_name, ''), l.pid FROM l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
   WHERE l.classid = ` + fmt.Sprint(uint32(lockconn.HeirClass)) + ` AND l.objid = $1::oid AND l.objsubid = 2 AND l.granted
-    AND a.usename = session_user`
+    AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid()))`
 
 const checkSQL = `SELECT pg_backend_pid(), current_setting('pgleader.owner', true), pg_is_in_recovery()`
 

@@ -635,9 +635,19 @@ func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
 		st := m.g.Status()
 		return st.LockTableFull > 0 && strings.Contains(st.LastError, "lock table"), st.LastError
 	})
+	// Its rounds renew the keys it leads meanwhile: they read no shared
+	// catalog, whose locks a full table would refuse.
+	waitFullRounds(t, 10, m)
 	if _, n := w.counts(); n != len(first) {
 		t.Fatalf("%d keys led while the table is full, want the %d first", n, len(first))
 	}
+	w.mu.Lock()
+	for k, n := range w.demoted {
+		if n > 0 {
+			t.Errorf("key %s demoted while the table was full", k)
+		}
+	}
+	w.mu.Unlock()
 	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
 		t.Fatal(err)
 	}
@@ -835,4 +845,31 @@ func mustHolder(t testing.TB, srv *testpg.Server, key leader.Key) leader.HolderI
 		t.Fatal(err)
 	}
 	return h
+}
+
+// While another role holds a full lock table, a leader keeps leading: its
+// renew reads no shared catalog, whose locks a full table would refuse.
+func TestLeaderKeepsLeadingInAFullLockTable(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20"}})
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	a := start(t, rec, opts{dsn: r.AppDSN, key: key, id: "full-a"})
+	rec.next("elected", "full-a")
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	for i := 0; ; i += 50 {
+		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRounds(t, []*running{a}, 10)
+	if !a.e.IsLeader() || rec.count("demoted", "full-a") != 0 {
+		t.Fatalf("the leader did not keep leading while the table was full: %+v", a.e.Status())
+	}
 }

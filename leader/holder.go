@@ -48,10 +48,14 @@ func Holder(ctx context.Context, q Querier, key Key) (HolderInfo, error) {
 	// search_path, which may put a schema other roles can create objects
 	// in before pg_catalog: every function, relation, type and operator is
 	// named with its schema.
-	rows, err := q.Query(ctx, `SELECT l.granted, l.pid, coalesce(a.application_name, ''), coalesce(a.usename::pg_catalog.text, ''), a.backend_start
-FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+	// It reads the sessions with pg_stat_get_activity, not the
+	// pg_stat_activity view, whose joins lock shared catalogs: it answers
+	// while another role fills the server's lock table.
+	rows, err := q.Query(ctx, `SELECT l.granted, l.pid, coalesce(a.application_name, ''),
+  coalesce(pg_catalog.pg_get_userbyid(a.usesysid)::pg_catalog.text, ''), a.backend_start
+FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) a ON a.pid OPERATOR(pg_catalog.=) l.pid
 WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-  AND l.database OPERATOR(pg_catalog.=) (SELECT datid FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+  AND l.database OPERATOR(pg_catalog.=) (SELECT datid FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()))
   AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.oid AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.oid AND l.objsubid OPERATOR(pg_catalog.=) $3::pg_catalog.int2
 ORDER BY l.granted DESC, a.backend_start, l.pid`, classid, objid, objsubid)
 	if err != nil {

@@ -933,10 +933,15 @@ func (r *Report) Summary() string {
 			}
 		}
 	}
-	if r.Keys > 0 {
-		fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run TestChaosGroup -chaos.seed=%d\n", r.Seed)
-	} else {
-		fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run 'TestChaos$' -chaos.seed=%d\n", r.Seed)
+	test := "'TestChaos$'"
+	switch {
+	case r.Keys > 0 && r.Hostile != nil:
+		test = "TestChaosGroupHostile"
+	case r.Keys > 0:
+		test = "'TestChaosGroup$'"
+	case r.Hostile != nil:
+		test = "TestChaosHostile"
 	}
+	fmt.Fprintf(&b, "reproduce: go test ./internal/chaos -run %s -chaos.seed=%d\n", test, r.Seed)
 	return b.String()
 }

@@ -100,7 +100,7 @@ func (l *Lease) Standing(ctx context.Context, t *Target, identity string) (bool,
 // Standing is Lease.Standing on any connection.
 func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (bool, error) {
 	var ok bool
-	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
   WHERE l.locktype = 'advisory' AND a.application_name = $1 AND l.pid <> pg_backend_pid()
     AND ((l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = 2 AND l.granted)
       OR (l.classid = $4::oid AND l.objid = $5::oid AND l.objsubid = $6::int2 AND NOT l.granted)))`,
@@ -142,7 +142,7 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 	deadline := time.Now().Add(within)
 	for {
 		var queued bool
-		err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
   WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = $4::int2 AND NOT l.granted AND a.application_name = $1)`,
 			to, t.ClassID, t.ObjID, t.ObjSubID).Scan(&queued)
 		if err == nil && !queued && time.Now().After(deadline) {

@@ -9,6 +9,14 @@
 // takes one per call, so one session can serve many keys. The SQLSTATE
 // predicates (IsLockTimeout, Pooling) live here too. It imports nothing else
 // of the module.
+//
+// The statements a leader or a group member runs while it holds locks (a
+// renew, a full round) and a follower's holder lookups read no shared
+// catalog (pg_database, pg_authid, nor the pg_stat_activity view, which
+// joins them): a relation lock on a shared catalog cannot take the
+// per-backend fast path, so while another role has filled the server's
+// lock table such a statement fails with SQLSTATE 53200, and a renew that
+// fails ends a tenure. pg_locks and pg_stat_get_activity take no lock.
 package lockconn
 
 import (
@@ -86,10 +94,14 @@ func (t Tag) CheckSQL() string {
 }
 
 // HolderSQL returns the holder's application_name and pid (no row when the
-// lock is free) and the session's own backend pid.
+// lock is free) and the session's own backend pid. It reads the sessions
+// with pg_stat_get_activity, not the pg_stat_activity view, whose joins
+// lock shared catalogs (pg_database, pg_authid): locks that cannot take
+// the fast path, so a lock table another role filled would fail the
+// lookup (SQLSTATE 53200); see the package doc.
 func (t Tag) HolderSQL() string {
-	return `SELECT coalesce(a.application_name,'') n,l.pid p,pg_backend_pid() b FROM pg_locks l LEFT JOIN pg_stat_activity a USING(pid) WHERE ` +
-		t.where() + ` AND l.database=(SELECT datid FROM pg_stat_activity WHERE pid=pg_backend_pid()) LIMIT 1`
+	return `SELECT coalesce(a.application_name,'') n,l.pid p,pg_backend_pid() b FROM pg_locks l LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid=l.pid WHERE ` +
+		t.where() + ` AND l.database=(SELECT datid FROM pg_stat_get_activity(pg_backend_pid())) LIMIT 1`
 }
 
 // AcquireSQL takes the lock with fn (pg_advisory_lock or

@@ -155,8 +155,9 @@ END $f$;`
 const reservedSQL = `IF gate IS NOT NULL
     AND NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate) AND pg_advisory_unlock_shared(HEIRCLASS, gate))
     AND (pg_try_advisory_lock_shared(HEIRCLASS, me) AND pg_advisory_unlock_shared(HEIRCLASS, me))
-    AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = HEIRCLASS
-      AND l.objid = (gate::int8 & 4294967295)::oid AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock' AND a.usename = session_user) THEN
+    AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = HEIRCLASS
+      AND l.objid = (gate::int8 & 4294967295)::oid AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock'
+      AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid()))) THEN
     PERFORM pg_advisory_unlock(K);
     RETURN 6;
   END IF;`
