@@ -111,6 +111,11 @@ var (
 	kvPassword  = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
 )
 
+// RedactDSN returns a connection string with its password replaced by
+// xxxxx, for printing: the URL form's (postgres://user:secret@host/db) and
+// the key=value form's (password=secret).
+func RedactDSN(dsn string) string { return redact(dsn, dsn) }
+
 // redact removes from s every password the connection string dsn may hold.
 func redact(s, dsn string) string {
 	var secrets []string

@@ -84,7 +84,7 @@ throwaway server.
 	groupResigns := fs.Int("group-resigns", 0, "resigns of the group scenario (0: three per kill-and-join run)")
 	groupStanding := fs.Int("group-standing", 10000, "keys of the group scenario's standing cost (3 members; 0: skip)")
 	groupWindow := fs.Duration("group-window", time.Minute, "how long the group scenario measures the standing group's server CPU")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	exe, err := os.Executable()
@@ -96,7 +96,7 @@ throwaway server.
 	for _, f := range strings.Split(*loadSizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
-			return usageError{fmt.Sprintf("--dbload-sizes: %q is not a fleet size", f)}
+			return usageError{msg: fmt.Sprintf("--dbload-sizes: %q is not a fleet size", f)}
 		}
 		sizes = append(sizes, n)
 	}
@@ -109,7 +109,7 @@ throwaway server.
 		perTx := max(64, (4**groupStanding+maxConns-1)/maxConns)
 		opts.Settings = append(opts.Settings, fmt.Sprintf("max_locks_per_transaction=%d", perTx))
 	}
-	return withDatabase(*dsn, progress, opts, func(dsn string, srv *pgtemp.Server) error {
+	return withDatabase(dsn.get(), progress, opts, func(dsn string, srv *pgtemp.Server) error {
 		ctx := context.Background()
 		admin, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -149,7 +149,7 @@ throwaway server.
 				b.groupSingle = *groupSingle
 				err = b.group(*groupKeys, *groupRuns, resigns, *groupStanding, *groupWindow)
 			default:
-				return usageError{fmt.Sprintf("unknown scenario %q", s)}
+				return usageError{msg: fmt.Sprintf("unknown scenario %q", s)}
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", s, err)

@@ -25,10 +25,10 @@ func cmdCandidate(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Keys, "keys", 0, "run a group member with this many keys (the group is named by --key)")
 	fs.BoolVar(&o.SingleConnection, "single-connection", false, "a group member without its crash watch")
 	fs.BoolVar(&o.Bare, "bare", false, "no elector: a bare pg_advisory_lock waiter (the bench's reference)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	o.DSN = *dsn
+	o.DSN = dsn.get()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return fleet.RunCandidate(ctx, o, os.Stdin, stdout)

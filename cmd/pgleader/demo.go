@@ -34,10 +34,10 @@ func withDatabase(dsn string, stdout io.Writer, opts pgtemp.Options, f func(dsn 
 
 func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	fs, dsn := newFlags("demo", "demo [--dsn DSN]", "  pgleader demo\n", stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	return withDatabase(*dsn, stdout, pgtemp.Options{}, func(dsn string, _ *pgtemp.Server) error {
+	return withDatabase(dsn.get(), stdout, pgtemp.Options{}, func(dsn string, _ *pgtemp.Server) error {
 		return demo(dsn, stdout)
 	})
 }

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,10 +45,10 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 	fencing := fs.Bool("fencing", false, "fencing terms and the history table (created when missing)")
 	listen := fs.String("listen", "", "serve /livez, /readyz, /status and /metrics on this address")
 	allowResign := fs.Bool("allow-resign", false, "with --listen, also serve POST /resign")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := needDSN(*dsn); err != nil {
+	if err := needDSN(dsn.get()); err != nil {
 		return err
 	}
 	name, argv, err := splitCommand(fs.Args())
@@ -71,14 +73,23 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		obs = m
 	} else if *allowResign {
-		return usageError{"--allow-resign needs --listen"}
+		return usageError{msg: "--allow-resign needs --listen"}
 	}
 	// pgleader's own SIGINT/SIGTERM stops the election; while the command
 	// runs, runChild passes those signals on to it as well.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A command that cannot start ends the election with its error (exit
+	// 1), before campaigning when it is not found at all, rather than
+	// leading, failing and campaigning again for ever.
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		return fmt.Errorf("cannot start %q: %w", argv[0], err)
+	}
+	ctx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
+	var startErr atomic.Pointer[error]
 	e, err := elector.New(elector.Config{
-		Connect:  elector.DSN(*dsn),
+		Connect:  elector.DSN(dsn.get()),
 		Key:      leader.KeyFromName(name),
 		Identity: *identity,
 		Logger:   logger,
@@ -91,7 +102,9 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 				}
 				code, err := runChild(ctx, argv, *grace, env...)
 				if err != nil {
-					fmt.Fprintf(stderr, "pgleader elect: %v\n", err)
+					err = fmt.Errorf("cannot start %q: %w", argv[0], err)
+					startErr.Store(&err)
+					cancelRun(err)
 				} else if ctx.Err() == nil {
 					fmt.Fprintf(stderr, "pgleader elect: command exited with %d; resigning and campaigning again\n", code)
 				}
@@ -106,7 +119,7 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 		Observer:       obs,
 	})
 	if err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	if *listen != "" {
 		stopServe, err := serveProbes(*listen, e, reg, *allowResign, stderr)
@@ -115,7 +128,11 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 		}
 		defer stopServe()
 	}
-	return e.Run(ctx)
+	err = e.Run(ctx)
+	if p := startErr.Load(); p != nil {
+		return *p
+	}
+	return err
 }
 
 // serveProbes serves the elector's probes, status and metrics on addr

@@ -46,15 +46,15 @@ word (a crash); the next term marks it "superseded".
 	if name, err = parseName(fs, args, true); err != nil {
 		return err
 	}
-	if err := needDSN(*dsn); err != nil {
+	if err := needDSN(dsn.get()); err != nil {
 		return err
 	}
 	if _, err := terms.Quote(*table); err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, schemas, err := dial(ctx, *dsn)
+	conn, schemas, err := dial(ctx, dsn.get())
 	if err != nil {
 		return err
 	}

@@ -21,10 +21,10 @@ func cmdLock(args []string, stdout, stderr io.Writer) error {
 	identity := fs.String("identity", "", "application_name of the lock session (default hostname-pid)")
 	grace := fs.Duration("grace", 10*time.Second, "after the lock is lost, SIGTERM the command and SIGKILL it this much later")
 	conflict := fs.Int("conflict-exit-code", exitLockHeld, "exit code when the lock is held by another session")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := needDSN(*dsn); err != nil {
+	if err := needDSN(dsn.get()); err != nil {
 		return err
 	}
 	name, argv, err := splitCommand(fs.Args())
@@ -32,7 +32,7 @@ func cmdLock(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	code := 0
-	err = lock.TryRun(context.Background(), leader.DSN(*dsn), leader.KeyFromName(name),
+	err = lock.TryRun(context.Background(), leader.DSN(dsn.get()), leader.KeyFromName(name),
 		lock.Options{Identity: *identity, Wait: *wait},
 		func(ctx context.Context) error {
 			var err error

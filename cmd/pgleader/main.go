@@ -25,6 +25,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/pgleader/pgleader/leader"
 )
 
 // Exit codes.
@@ -64,8 +66,12 @@ Exit codes:
       many times; it prints each exit code on stderr)
 `
 
-// usageError marks errors that exit with exitUsage.
-type usageError struct{ msg string }
+// usageError marks errors that exit with exitUsage; printed: the flag
+// package has already said it.
+type usageError struct {
+	msg     string
+	printed bool
+}
 
 func (e usageError) Error() string { return e.msg }
 
@@ -115,7 +121,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &code):
 		return int(code)
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "pgleader %s: %v\n", name, err)
+		if !ue.printed {
+			fmt.Fprintf(stderr, "pgleader %s: %v\n", name, err)
+		}
 		return exitUsage
 	default:
 		fmt.Fprintf(stderr, "pgleader %s: %v\n", name, err)
@@ -124,10 +132,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // newFlags makes a FlagSet with --dsn and a usage text with examples.
-func newFlags(name, synopsis, examples string, stderr io.Writer) (*flag.FlagSet, *string) {
+// --dsn has no default in the flag set: $DATABASE_URL is read after
+// parsing (dsnFlag.get), so that neither --help nor a usage error ever
+// prints a connection string, and its password.
+func newFlags(name, synopsis, examples string, stderr io.Writer) (*flag.FlagSet, *dsnFlag) {
 	fs := flag.NewFlagSet("pgleader "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dsn := fs.String("dsn", os.Getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL)")
+	dsn := &dsnFlag{}
+	fs.Var(dsn, "dsn", "PostgreSQL connection string (default: $DATABASE_URL)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: pgleader %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
@@ -138,9 +150,40 @@ func newFlags(name, synopsis, examples string, stderr io.Writer) (*flag.FlagSet,
 	return fs, dsn
 }
 
+// dsnFlag is --dsn. Its String, which the flag package prints, masks the
+// password.
+type dsnFlag struct{ v string }
+
+func (d *dsnFlag) String() string {
+	if d == nil {
+		return ""
+	}
+	return leader.RedactDSN(d.v)
+}
+
+func (d *dsnFlag) Set(v string) error { d.v = v; return nil }
+
+// get is --dsn, or $DATABASE_URL when it was not given.
+func (d *dsnFlag) get() string {
+	if d.v != "" {
+		return d.v
+	}
+	return os.Getenv("DATABASE_URL")
+}
+
+// parseFlags parses args; a bad flag is a usage error (exit 2), and -h a
+// request for help (exit 0).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return usageError{msg: err.Error(), printed: true}
+	}
+	return err
+}
+
 func needDSN(dsn string) error {
 	if strings.TrimSpace(dsn) == "" {
-		return usageError{"no database: pass --dsn or set DATABASE_URL"}
+		return usageError{msg: "no database: pass --dsn or set DATABASE_URL"}
 	}
 	return nil
 }
@@ -148,14 +191,14 @@ func needDSN(dsn string) error {
 // splitCommand splits "NAME -- cmd args..." (the "--" is optional).
 func splitCommand(rest []string) (name string, cmd []string, err error) {
 	if len(rest) == 0 {
-		return "", nil, usageError{"missing NAME"}
+		return "", nil, usageError{msg: "missing NAME"}
 	}
 	name, rest = rest[0], rest[1:]
 	if len(rest) > 0 && rest[0] == "--" {
 		rest = rest[1:]
 	}
 	if len(rest) == 0 {
-		return "", nil, usageError{"missing COMMAND after NAME --"}
+		return "", nil, usageError{msg: "missing COMMAND after NAME --"}
 	}
 	return name, rest, nil
 }

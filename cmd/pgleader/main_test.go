@@ -86,6 +86,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"status"}, []string{"DATABASE_URL="}, exitUsage, "no database"},
 		{[]string{"lock", "--help"}, nil, exitOK, "Examples"},
 		{[]string{"status", "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"}, nil, exitError, "failed to connect"},
+		{[]string{"elect", "--dsn", "postgres://x@127.0.0.1:1/db", "name", "--", "/nonexistent/cmd"}, nil, exitError, "cannot start"},
 	} {
 		code, out := cli(t, tc.env, tc.args...)
 		if code != tc.code || !strings.Contains(out, tc.want) {
@@ -93,6 +94,31 @@ func TestUsageErrors(t *testing.T) {
 		}
 		if strings.Contains(out, "hunter2") {
 			t.Errorf("pgleader %v: password in output: %s", tc.args, out)
+		}
+	}
+}
+
+// No subcommand's --help, and no mistyped flag, shows a password: --dsn
+// has no default in the flag set ($DATABASE_URL is read after parsing),
+// and a bad flag is a usage error (exit 2).
+func TestNoSecretInUsage(t *testing.T) {
+	env := []string{"DATABASE_URL=postgres://app:hunter2@db.example:5432/app"}
+	for _, sub := range []string{"status", "lock", "elect", "resign", "history", "demo", "bench", "version"} {
+		for _, tc := range []struct {
+			args []string
+			code int
+		}{
+			{[]string{sub, "--help"}, exitOK},
+			{[]string{sub, "--bogus"}, exitUsage},
+			{[]string{sub, "--dsn", "postgres://u:hunter2@h/db", "--bogus"}, exitUsage},
+		} {
+			code, out := cli(t, env, tc.args...)
+			if code != tc.code {
+				t.Errorf("pgleader %v: exit %d, want %d: %s", tc.args, code, tc.code, out)
+			}
+			if strings.Contains(out, "hunter2") {
+				t.Errorf("pgleader %v prints the password: %s", tc.args, out)
+			}
 		}
 	}
 }

@@ -28,12 +28,12 @@ candidate, 1 no answer or another error.
 	if err != nil {
 		return err
 	}
-	if err := needDSN(*dsn); err != nil {
+	if err := needDSN(dsn.get()); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	ho, err := elector.RequestResign(ctx, elector.DSN(*dsn), leader.KeyFromName(name), *to)
+	ho, err := elector.RequestResign(ctx, elector.DSN(dsn.get()), leader.KeyFromName(name), *to)
 	switch {
 	case errors.Is(err, leader.ErrNoLeader):
 		fmt.Fprintf(stderr, "pgleader resign: NO LEADER for %s\n", name)
@@ -55,21 +55,21 @@ candidate, 1 no answer or another error.
 // parseName parses flags before and after the one positional NAME; with
 // optional, NAME may be left out ("").
 func parseName(fs *flag.FlagSet, args []string, optional bool) (string, error) {
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return "", err
 	}
 	if fs.NArg() == 0 {
 		if optional {
 			return "", nil
 		}
-		return "", usageError{"NAME is required"}
+		return "", usageError{msg: "NAME is required"}
 	}
 	name := fs.Arg(0)
 	if err := fs.Parse(fs.Args()[1:]); err != nil {
 		return "", err
 	}
 	if fs.NArg() != 0 {
-		return "", usageError{fmt.Sprintf("one NAME expected, got %q too", fs.Args())}
+		return "", usageError{msg: fmt.Sprintf("one NAME expected, got %q too", fs.Args())}
 	}
 	return name, nil
 }

@@ -81,10 +81,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	serve := fs.String("serve", "", "serve a live read-only HTML page on this address instead of printing")
 	var names multiFlag
 	fs.Var(&names, "name", "a lock name to recognise (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := needDSN(*dsn); err != nil {
+	if err := needDSN(dsn.get()); err != nil {
 		return err
 	}
 	var only *leader.Key // status NAME: one election
@@ -95,7 +95,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		only = &k
 		names = append(names, fs.Arg(0))
 	default:
-		return usageError{"status takes at most one NAME"}
+		return usageError{msg: "status takes at most one NAME"}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -104,11 +104,11 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		for _, n := range names {
 			known[leader.KeyFromLockTag(leader.KeyFromName(n).LockTag()).String()] = n
 		}
-		return servePage(ctx, *dsn, *serve, known, max(*interval, 2*time.Second), func(addr string) {
+		return servePage(ctx, dsn.get(), *serve, known, max(*interval, 2*time.Second), func(addr string) {
 			fmt.Fprintf(stderr, "pgleader status: serving the live page on http://%s/\n", addr)
 		})
 	}
-	conn, schemas, err := dial(ctx, *dsn)
+	conn, schemas, err := dial(ctx, dsn.get())
 	if err != nil {
 		return err
 	}

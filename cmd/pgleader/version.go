@@ -12,7 +12,7 @@ import (
 // checkout gives the commit, its time and whether the tree was modified).
 func cmdVersion(args []string, stdout, stderr io.Writer) error {
 	fs, _ := newFlags("version", "version", "", stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, versionString())
