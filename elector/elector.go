@@ -27,6 +27,8 @@ package elector
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +69,8 @@ type Elector struct {
 
 	elected     chan struct{} // closed at the first election; see Elected
 	electedOnce sync.Once
+	done        chan struct{} // closed when Run returned; see Done
+	runErr      error         // Run's error, once done is closed
 
 	// history: this session keeps the history table (Run's goroutine
 	// only, as are pendingDemotion, a term's end not yet recorded, and the
@@ -104,7 +108,7 @@ func New(cfg Config) (*Elector, error) {
 	e.leaderID.Store(&empty)
 	e.pendingLeader.Store(&empty)
 	e.newLeader = make(chan struct{}, 1)
-	e.elected = make(chan struct{})
+	e.elected, e.done = make(chan struct{}), make(chan struct{})
 	e.obs = cfg.Observer
 	e.st = Status{Identity: cfg.Identity, Key: cfg.Key, LastRound: time.Now(),
 		RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
@@ -189,6 +193,50 @@ func (e *Elector) Resign(ctx context.Context) error {
 // after a demotion; IsLeader tells the present.
 func (e *Elector) Elected() <-chan struct{} { return e.elected }
 
+// Done returns a channel that is closed when Run has returned: with Err,
+// what a program that waits on Elected also selects on, so that an error
+// Run gives up on (a wrong password, a transaction pooler) does not leave
+// it waiting for ever. WaitElected does both.
+func (e *Elector) Done() <-chan struct{} { return e.done }
+
+// Err returns Run's error once Done is closed, and nil before.
+func (e *Elector) Err() error {
+	select {
+	case <-e.done:
+		return e.runErr
+	default:
+		return nil
+	}
+}
+
+// WaitElected waits until this elector is first elected (OnElected has
+// started) and returns nil. When Run returns first it returns Run's error,
+// or an error matching leader.ErrNotLeader when Run stopped because its
+// context ended; when ctx ends first, ctx's error.
+//
+//	go e.Run(ctx)
+//	if err := e.WaitElected(ctx); err != nil {
+//		log.Fatal(err) // the server's message: a wrong password, no such database, ...
+//	}
+func (e *Elector) WaitElected(ctx context.Context) error {
+	select {
+	case <-e.elected:
+		return nil
+	case <-e.done:
+		select {
+		case <-e.elected: // elected, then stopped
+			return nil
+		default:
+		}
+		if e.runErr != nil {
+			return e.runErr
+		}
+		return fmt.Errorf("%w: Run returned before the first election", leader.ErrNotLeader)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (e *Elector) now() int64 { return int64(time.Since(e.epoch)) }
 
 func (e *Elector) setLeader(id string) {
@@ -257,10 +305,11 @@ func (e *Elector) reportLeaders(stop <-chan struct{}) {
 // every attempt and retried no faster than every RenewInterval, since a
 // standby may be promoted and a multi-host DSN finds the new primary.
 // Status().LastError shows the latest error meanwhile.
-func (e *Elector) Run(ctx context.Context) error {
+func (e *Elector) Run(ctx context.Context) (err error) {
 	if !e.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	defer func() { e.runErr = err; close(e.done) }()
 	defer e.waitCallback(context.Background()) // for good: Run returns after OnElected
 	if e.cfg.Callbacks.OnNewLeader != nil {
 		stop, stopped := make(chan struct{}), make(chan struct{})
@@ -303,11 +352,17 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // Group: jittered and exponential, capped at ReconnectMaxDelay; reset only
 // by a session that lasted LeaseDuration (so a server that accepts and then
 // drops every session does not cause a tight loop); and never faster than
-// RenewInterval on a standby.
+// RenewInterval on a standby. It also decides what an outage logs.
 type retry struct {
 	bo              *backoff.ExponentialBackOff
 	interval, lease time.Duration
 	attempt         int
+	// What the outage logged: when (zero: nothing yet), its cause, and
+	// the attempts since that went unlogged; lastUp is when the last
+	// session that connected ended.
+	logged, lastUp time.Time
+	cause          string
+	quiet          int
 }
 
 func newRetry(maxDelay, interval, lease time.Duration) *retry {
@@ -324,9 +379,13 @@ func newRetry(maxDelay, interval, lease time.Duration) *retry {
 // next returns the attempt's number and the delay before it, after a
 // session that lasted served and ended with err.
 func (r *retry) next(served time.Duration, err error) (int, time.Duration) {
+	if served > 0 {
+		r.lastUp = time.Now()
+	}
 	if served > r.lease {
 		r.attempt = 0
 		r.bo.Reset()
+		r.logged, r.cause = time.Time{}, ""
 	}
 	r.attempt++
 	delay := r.bo.NextBackOff()
@@ -336,14 +395,47 @@ func (r *retry) next(served time.Duration, err error) (int, time.Duration) {
 	return r.attempt, delay
 }
 
-// log says why and when the next session comes: a standby at error level,
-// on every attempt.
+// log says why and when the next session comes, without flooding the log
+// in an outage: the first failure with its cause, then one line when the
+// cause changes or a minute has passed, with the attempts since and how
+// long ago the last session ended. A standby is logged at error level.
 func (r *retry) log(l *zap.Logger, attempt int, delay time.Duration, err error) {
-	if errors.Is(err, leader.ErrStandby) {
-		l.Error("connected to a standby; reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-	} else {
-		l.Warn("reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+	cause, now := causeOf(err), time.Now()
+	if !r.logged.IsZero() && cause == r.cause && now.Sub(r.logged) < time.Minute {
+		r.quiet++
+		return
 	}
+	fields := []zap.Field{zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err)}
+	if r.quiet > 0 {
+		fields = append(fields, zap.Int("attempts_unlogged", r.quiet))
+	}
+	if !r.lastUp.IsZero() {
+		fields = append(fields, zap.Duration("since_last_session", now.Sub(r.lastUp).Round(time.Millisecond)))
+	}
+	msg := "reconnecting"
+	if !r.logged.IsZero() {
+		msg = "still reconnecting"
+	}
+	r.logged, r.cause, r.quiet = now, cause, 0
+	if errors.Is(err, leader.ErrStandby) {
+		l.Error("connected to a standby; "+msg, fields...)
+	} else {
+		l.Warn(msg, fields...)
+	}
+}
+
+// causeOf is an error's text without its numbers (ports, pids, times), to
+// tell one cause of an outage from another.
+func causeOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return -1
+		}
+		return r
+	}, err.Error())
 }
 
 // Permanent reports whether Run gives up on err rather than retrying: see

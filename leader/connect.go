@@ -39,7 +39,15 @@ func (f ConnectFunc) Connect(ctx context.Context) (*pgx.Conn, error) { return f(
 // a Connector whose Connect fails; ConnectorError reports it up front. The
 // error never shows the password. Logins the server rejects for good (bad
 // credentials, no such database) give ErrRejected.
+//
+// An empty string is an error (elector.New reports it as a ConfigError)
+// unless libpq's environment variables say where to connect (PGHOST,
+// PGSERVICE or PGDATABASE): an unset $DATABASE_URL would otherwise
+// connect to the local socket as the OS user and retry for ever.
 func DSN(dsn string) Connector {
+	if strings.TrimSpace(dsn) == "" && os.Getenv("PGHOST") == "" && os.Getenv("PGSERVICE") == "" && os.Getenv("PGDATABASE") == "" {
+		return &dsnConnector{err: errors.New("empty connection string: is DATABASE_URL (or the variable your program reads it from) set? (libpq's PGHOST, PGSERVICE or PGDATABASE count too)")}
+	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return &dsnConnector{err: fmt.Errorf("invalid DSN: %s", redact(err.Error(), dsn))}
