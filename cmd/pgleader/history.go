@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -63,12 +64,23 @@ word (a crash); the next term marks it "superseded".
 	if err != nil {
 		return err
 	}
+	if q == "" && name != "" {
+		return whyNoHistory(ctx, conn, schemas, name, *since, stdout)
+	}
 	if q == "" {
-		return fmt.Errorf("%w: no readable history table %s (fencing keeps history; see pgleader elect --fencing and elector.Fencing)", terms.ErrNoTable, *table)
+		return fmt.Errorf("%w: no readable history table %s; electors keep one only with fencing (elector.Fencing, pgleader elect --fencing)", errNoHistory, *table)
 	}
 	rows, err := readHistory(ctx, conn, q, name, *since)
 	if err != nil {
 		return terms.Classify(err, *table)
+	}
+	if len(rows) == 0 && name != "" {
+		// Nothing in the window: say whether this election keeps history
+		// at all, from its fencing terms.
+		if err := whyNoHistory(ctx, conn, schemas, name, *since, stdout); err != nil {
+			return err
+		}
+		return nil
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -91,6 +103,32 @@ word (a crash); the next term marks it "superseded".
 			r.ElectedAt.Local().Format("2006-01-02 15:04:05.000"), demoted, held, show(r.Reason))
 	}
 	return tw.Flush()
+}
+
+// errNoHistory: the election keeps no history.
+var errNoHistory = errors.New("no history kept")
+
+// whyNoHistory explains an empty history of name: an election without
+// fencing terms keeps none (an error: exit 1); one whose current term began
+// within the window keeps none either (Fencing.NoHistory); one whose
+// current term is older simply had no election in the window.
+func whyNoHistory(ctx context.Context, conn *pgx.Conn, schemas []string, name string, since time.Duration, stdout io.Writer) error {
+	q := optional(ctx, conn, schemas, leader.DefaultTermsTable)
+	var term int64
+	var at time.Time
+	err := errors.New("no terms table")
+	if q != "" {
+		c, o, s := leader.KeyFromName(name).LockTag()
+		err = conn.QueryRow(ctx, `SELECT term, elected_at FROM `+q+` WHERE classid = $1 AND objid = $2 AND objsubid = $3`, c, o, s).Scan(&term, &at)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %s has no fencing term, so its electors run without fencing, and history is kept only with fencing (elector.Fencing, pgleader elect --fencing)", errNoHistory, name)
+	case time.Since(at) < since:
+		return fmt.Errorf("%w: %s's current term %d began %s ago, but the history has no row of it: its electors keep no history (Fencing.NoHistory)", errNoHistory, name, term, time.Since(at).Round(time.Second))
+	}
+	fmt.Fprintf(stdout, "no terms of %s elected in the last %s; its current term %d began at %s\n", name, since, term, at.Local().Format("2006-01-02 15:04:05"))
+	return nil
 }
 
 // readHistory reads the terms elected within since, of name's key or of

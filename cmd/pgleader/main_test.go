@@ -843,3 +843,33 @@ func TestStatusQuotesWhatTheDatabaseSays(t *testing.T) {
 		}
 	}
 }
+
+// An election without fencing still has its name: status (and the live
+// page) read it from the leader's statements; history says it keeps none,
+// and exits 1, instead of "no terms".
+func TestUnfencedElectionIsNamed(t *testing.T) {
+	dsn := server(t).DSN()
+	name := fmt.Sprintf("nameless-%d", time.Now().UnixNano())
+	cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", "unfenced", name, "--", "sleep", "600")
+	proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	key := leader.KeyFromName(name)
+	deadline := time.Now().Add(waitLong)
+	for {
+		code, out := cli(t, nil, "status", "--dsn", dsn)
+		if code == 0 && strings.Contains(out, name) && strings.Contains(out, "unfenced") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status does not name %s (key %s):\n%s", name, key, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, out := cli(t, nil, "history", "--dsn", dsn, name)
+	if code != exitError || !strings.Contains(out, "no fencing term") {
+		t.Fatalf("history of an unfenced election: exit %d: %s", code, out)
+	}
+}

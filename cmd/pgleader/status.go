@@ -218,7 +218,7 @@ func readStatus(ctx context.Context, conn *pgx.Conn, tbl tables, known map[strin
 		waitstart = "l.waitstart"
 	}
 	rows, err := conn.Query(ctx, `SELECT l.classid, l.objid, l.objsubid, l.granted, l.pid,
-  coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start, `+waitstart+`, l.mode
+  coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start, `+waitstart+`, l.mode, coalesce(a.query, '')
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.database = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid())
 ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`)
@@ -236,8 +236,8 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 		var pid int32
 		var s sessionStatus
 		var start, wait *time.Time
-		var mode string
-		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait, &mode); err != nil {
+		var mode, query string
+		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait, &mode, &query); err != nil {
 			return nil, err
 		}
 		s.PID, s.started = uint32(pid), start
@@ -264,6 +264,11 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 		if granted && ls.Holder == nil {
 			s.HeldSince = start
 			ls.Holder = &s
+			// An elector's statements name its key (lockconn.NameMarker):
+			// the holder's last one names the election, fencing or not.
+			if name, ok := lockconn.ParseNameMarker(query); ok && ls.Name == "" && leader.KeyFromLockTag(leader.KeyFromName(name).LockTag()) == k {
+				ls.Name = name
+			}
 		} else if !granted {
 			s.WaitingSince = wait
 			ls.Waiters = append(ls.Waiters, s)

@@ -2,8 +2,10 @@ package lockconn
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +15,37 @@ import (
 // transaction, so the next term could not be installed in this round trip
 // (the lock check in it succeeded).
 var ErrTermBusy = errors.New("pgleader: fencing term row busy")
+
+// NameMarker is the comment that opens an election's statements when its
+// key has a name (leader.KeyFromName): "/* pgleader key <name in hex> */ ".
+// pg_stat_activity shows a session's last statement, so pgleader status
+// and the live page name an election whose leader keeps no fencing terms
+// (a renew is a leader's last statement between renews). The name is in
+// hex so that no name can end the comment. Prepared once, it costs
+// nothing per round.
+func NameMarker(k interface{ Name() string }) string {
+	if k.Name() == "" {
+		return ""
+	}
+	return "/* pgleader key " + hex.EncodeToString([]byte(k.Name())) + " */ "
+}
+
+// ParseNameMarker reads the name a statement's NameMarker carries, if any.
+func ParseNameMarker(query string) (string, bool) {
+	rest, ok := strings.CutPrefix(query, "/* pgleader key ")
+	if !ok {
+		return "", false
+	}
+	h, _, ok := strings.Cut(rest, " */")
+	if !ok {
+		return "", false
+	}
+	b, err := hex.DecodeString(h)
+	if err != nil || len(b) == 0 {
+		return "", false
+	}
+	return string(b), true
+}
 
 // Target is one advisory lock as a Lease campaigns for it: its tag and the
 // SQL of every step, built once. A Lease takes a Target per call, so one
@@ -24,6 +57,7 @@ type Target struct {
 	bumpSQL                              string // "" without fencing
 	bumpArgs                             []any
 	quiet                                *quietState // the quiet campaign on the current session; see Lease.Watch
+	mark                                 string      // NameMarker of the key
 }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
@@ -31,10 +65,12 @@ type Target struct {
 // identity); "" without.
 func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
 	t := &Target{Tag: TagOf(k)}
-	t.holderSQL = t.HolderSQL()
-	t.waitSQL = t.AcquireSQL("pg_advisory_lock")
-	t.trySQL = t.AcquireSQL("pg_try_advisory_lock")
-	t.checkSQL = t.CheckSQL()
+	mark := NameMarker(k)
+	t.mark = mark
+	t.holderSQL = mark + t.HolderSQL()
+	t.waitSQL = mark + t.AcquireSQL("pg_advisory_lock")
+	t.trySQL = mark + t.AcquireSQL("pg_try_advisory_lock")
+	t.checkSQL = mark + t.CheckSQL()
 	// A quiet session's unlock also turns its server-side lease off (it
 	// holds nothing now), and when no heir took the lock at once (the
 	// probe finds it free) it announces the vacancy with an empty NOTIFY,

@@ -68,6 +68,7 @@ type Tag struct {
 
 // KeyLike is what a leader.Key offers (lockconn cannot import leader).
 type KeyLike interface {
+	Name() string
 	LockTag() (classid, objid uint32, objsubid int16)
 	SQLArgs(first int) (string, []any)
 }

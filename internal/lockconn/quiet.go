@@ -289,8 +289,8 @@ func (t *Target) prepareQuiet(q Quiet, identity string) {
 		q.VerifyEvery = VerifyEvery
 	}
 	st := &quietState{Quiet: q, heir: -1, verifyGap: q.VerifyEvery,
-		waitSQL: fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
-		pollSQL: fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
+		waitSQL: t.mark + fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
+		pollSQL: t.mark + fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
 	}
 	if st.Slack <= 0 {
 		st.Slack = 2 * time.Second
