@@ -16,7 +16,7 @@ import (
 
 // ErrNoPgBouncer is returned by StartPgBouncer when no pgbouncer binary is
 // installed.
-var ErrNoPgBouncer = errors.New("pgtemp: pgbouncer not found; install it (Debian/Ubuntu: apt-get install -y pgbouncer; macOS: brew install pgbouncer)")
+var ErrNoPgBouncer = errors.New("pgtemp: pgbouncer not found on PATH; install it (Debian/Ubuntu: apt-get install -y pgbouncer, which puts it in /usr/sbin; macOS: brew install pgbouncer)")
 
 // PgBouncer is a throwaway PgBouncer in front of a Server.
 type PgBouncer struct {
@@ -32,10 +32,7 @@ type PgBouncer struct {
 func StartPgBouncer(s *Server, mode string, poolSize int) (*PgBouncer, error) {
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/pgbouncer"); serr != nil {
-			return nil, ErrNoPgBouncer
-		}
-		bin = "/usr/sbin/pgbouncer"
+		return nil, ErrNoPgBouncer
 	}
 	dir, err := os.MkdirTemp("", "pgleader-pgbouncer-")
 	if err != nil {
