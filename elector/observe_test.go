@@ -67,3 +67,30 @@ func TestObserveAndElected(t *testing.T) {
 		t.Fatalf("Observe without a Connector: %v", err)
 	}
 }
+
+// A leader that stops gracefully with no successor announces the vacancy,
+// and Observe reports it at once: not at its periodic lookup, which this
+// test puts an hour away.
+func TestObserveSeesVacancy(t *testing.T) {
+	defer elector.SetObservePoll(elector.SetObservePoll(time.Hour))
+	srv := sharedServer(t)
+	key := testKey(t)
+	seen := make(chan string, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go elector.Observe(ctx, elector.DSN(srv.DSN()), key, func(id string) { seen <- id })
+	if id := recv(t, seen, "the first report"); id != "" {
+		t.Fatalf("first report %q, want nobody", id)
+	}
+	r := newRecorder(t)
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "vac-a"})
+	if id := recv(t, seen, "the leader"); id != "vac-a" {
+		t.Fatalf("reported %q, want vac-a", id)
+	}
+	a.stop()
+	stopped := time.Now()
+	if id := recv(t, seen, "the vacancy"); id != "" {
+		t.Fatalf("reported %q after the leader stopped, want nobody", id)
+	}
+	t.Logf("the vacancy was reported %s after the leader's Run returned", time.Since(stopped).Round(time.Millisecond))
+}
