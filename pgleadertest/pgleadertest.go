@@ -1,7 +1,8 @@
 // Package pgleadertest runs a throwaway PostgreSQL server for the tests of
 // programs that use pgleader, with the faults such a program must survive:
 // its leader's backend terminated, the server restarted. Import it from
-// _test.go files only; pgleader's own packages never import it.
+// _test.go files, or from a demo program (Database): pgleader's own
+// packages never import it.
 //
 // The server is the system's own PostgreSQL (initdb and postgres found on
 // PATH, in /usr/lib/postgresql/*/bin, Homebrew or Postgres.app, or in the
@@ -24,6 +25,7 @@ package pgleadertest
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 
@@ -36,18 +38,37 @@ import (
 // Server is a throwaway PostgreSQL server.
 type Server struct{ s *pgtemp.Server }
 
+// Mode is how Restart stops the server, as pg_ctl -m says it.
+type Mode string
+
 // Restart modes.
 const (
 	// Fast stops the server as pg_ctl -m fast does: sessions end, and with
 	// them every advisory lock.
-	Fast = pgtemp.Fast
+	Fast Mode = pgtemp.Fast
 	// Immediate stops it as a crash would (pg_ctl -m immediate); the next
 	// start runs crash recovery.
-	Immediate = pgtemp.Immediate
+	Immediate Mode = pgtemp.Immediate
 )
 
 // ErrNoServer is wrapped by the error when no server could start.
 var ErrNoServer = pgtemp.ErrNoServer
+
+// Database returns the connection string of $DATABASE_URL when it is set,
+// and otherwise starts a throwaway server (see New) and returns its: what a
+// demo or an example runs against out of the box. stop releases it (it
+// does nothing for $DATABASE_URL).
+func Database() (dsn string, stop func(), err error) {
+	if dsn := os.Getenv("DATABASE_URL"); dsn != "" {
+		return dsn, func() {}, nil
+	}
+	fmt.Fprintln(os.Stderr, "DATABASE_URL is not set: starting a throwaway PostgreSQL ...")
+	srv, err := New()
+	if err != nil {
+		return "", nil, err
+	}
+	return srv.DSN(), srv.Close, nil
+}
 
 // New starts a server that the caller stops with Close; Start is the same
 // for a test.
@@ -111,8 +132,22 @@ func (s *Server) TerminateLeader(ctx context.Context, key leader.Key) (string, e
 }
 
 // Restart stops the server in mode (Fast or Immediate) and starts it again
-// on the same port; every session ends.
-func (s *Server) Restart(mode string) error { return s.s.Restart(mode) }
+// on the same port; every session ends. It returns once the server accepts
+// connections again, or with ctx's error (the server may then still be
+// starting).
+func (s *Server) Restart(ctx context.Context, mode Mode) error {
+	if mode != Fast && mode != Immediate {
+		return fmt.Errorf("pgleadertest: restart mode %q: want Fast or Immediate", mode)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.s.Restart(string(mode)) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Close stops the server and removes its files.
 func (s *Server) Close() { s.s.Close() }

@@ -69,7 +69,7 @@ func TestFailoverHelpers(t *testing.T) {
 		// over at once, before the terminated one has reconnected.
 		t.Fatalf("%s elected again after its backend was terminated", second)
 	}
-	if err := srv.Restart(pgleadertest.Fast); err != nil {
+	if err := srv.Restart(context.Background(), pgleadertest.Fast); err != nil {
 		t.Fatal(err)
 	}
 	next()

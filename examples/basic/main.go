@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/pgleadertest"
 )
 
 func main() {
@@ -38,7 +38,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	dsn, release, err := exampledb.DSN()
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,10 @@
-// Command http-active-passive runs two replicas of an HTTP service behind
-// leader-only readiness: only the leader answers /readyz with 200, so a
-// Kubernetes Service sends traffic to it alone. The leader then resigns and
-// readiness moves to the other replica.
+// Command http-active-passive runs two replicas of an HTTP service in which
+// only the leader does the work, the way docs/kubernetes.md recommends for
+// a Deployment: every replica is ready (readiness does not follow
+// leadership, so a rolling update never stalls), and a follower passes each
+// request on to the leader. A replica's identity is its own address, so a
+// follower knows where the leader listens from e.Leader(). The leader then
+// resigns, and the requests follow the new one.
 //
 //	go run ./examples/http-active-passive
 package main
@@ -12,6 +15,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -21,81 +26,148 @@ import (
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/health"
-	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/pgleadertest"
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(context.Background(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "http-active-passive:", err)
 		os.Exit(1)
 	}
 }
 
+// replica is one instance of the service.
 type replica struct {
-	id  string
 	e   *elector.Elector
-	url string
+	url string // its own address, which is also its identity
 }
 
-func run() error {
-	dsn, release, err := exampledb.DSN()
+// handler serves the work on the leader and passes it on from a follower.
+func (r *replica) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.e.IsLeader() {
+			fmt.Fprintf(w, "handled by %s\n", r.e.Identity())
+			return
+		}
+		to := r.e.Leader()
+		if to == "" {
+			http.Error(w, "no leader right now; try again", http.StatusServiceUnavailable)
+			return
+		}
+		// The leader's identity is its address. (Behind a pod network, the
+		// leader's pod IP and port.)
+		target, err := url.Parse("http://" + to)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		httputil.NewSingleHostReverseProxy(target).ServeHTTP(w, req)
+	})
+}
+
+func run(ctx context.Context, out io.Writer) error {
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}
 	defer release()
-	sigCtx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // a pod gets SIGTERM
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM) // a pod gets SIGTERM
 	defer stopSignals()
-	ctx, cancel := context.WithCancel(sigCtx)
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	elected := make(chan string, 4)
 	var replicas []*replica
-	for _, id := range []string{"blue", "green"} {
-		e, err := elector.New(elector.Config{
-			Connect: elector.DSN(dsn), Key: leader.KeyFromName("examples/http-active-passive"), Identity: id,
-			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { elected <- l.Identity; <-ctx.Done() }},
-		})
-		if err != nil {
-			return err
-		}
-		checker := health.NewChecker(e, health.Options{LeaderOnly: true})
-		mux := http.NewServeMux()
-		mux.Handle("/readyz", checker.ReadyzHandler())
-		mux.Handle("/livez", checker.LivezHandler())
-		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello from %s\n", id) })
+	for range 2 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
+		e, err := elector.New(elector.Config{
+			Connect: elector.DSN(dsn), Key: leader.KeyFromName("examples/http-active-passive"),
+			Identity:  ln.Addr().String(),
+			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+		})
+		if err != nil {
+			return err
+		}
+		r := &replica{e: e, url: "http://" + ln.Addr().String()}
+		// Default readiness: ready whenever the process works, leader or
+		// not (see docs/kubernetes.md); liveness catches a wedged elector.
+		checker := health.NewChecker(e, health.Options{})
+		mux := http.NewServeMux()
+		mux.Handle("/readyz", checker.ReadyzHandler())
+		mux.Handle("/livez", checker.LivezHandler())
+		mux.Handle("/", r.handler())
 		srv := &http.Server{Handler: mux}
 		wg.Add(2)
 		go func() { defer wg.Done(); srv.Serve(ln) }()
 		go func() { defer wg.Done(); e.Run(ctx); srv.Close() }()
-		replicas = append(replicas, &replica{id: id, e: e, url: "http://" + ln.Addr().String()})
+		replicas = append(replicas, r)
 	}
-	show := func() {
+	// Wait until one leads and the other knows it.
+	first, err := waitLeader(ctx, replicas)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s leads; a request to each replica:\n", first.e.Identity())
+	if err := ask(out, replicas); err != nil {
+		return err
+	}
+	if err := first.e.Resign(ctx); err != nil {
+		return err
+	}
+	next, err := waitLeader(ctx, replicas)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s resigned; %s leads; a request to each replica:\n", first.e.Identity(), next.e.Identity())
+	return ask(out, replicas)
+}
+
+// waitLeader waits until a replica leads and every other one has seen it.
+func waitLeader(ctx context.Context, replicas []*replica) (*replica, error) {
+	for {
 		for _, r := range replicas {
-			resp, err := http.Get(r.url + "/readyz")
-			if err != nil {
-				fmt.Printf("  %-5s /readyz: %v\n", r.id, err)
+			if !r.e.IsLeader() {
 				continue
+			}
+			seen := true
+			for _, o := range replicas {
+				seen = seen && o.e.Leader() == r.e.Identity()
+			}
+			if seen {
+				return r, nil
+			}
+		}
+		for _, r := range replicas {
+			select {
+			case <-r.e.Done(): // Run gave up: a wrong DSN, a pooler
+				return nil, fmt.Errorf("replica %s stopped: %w", r.e.Identity(), r.e.Err())
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// ask sends one request to each replica, and its readiness, and prints the
+// answers.
+func ask(out io.Writer, replicas []*replica) error {
+	for _, r := range replicas {
+		for _, path := range []string{"/readyz", "/work"} {
+			resp, err := http.Get(r.url + path)
+			if err != nil {
+				return err
 			}
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			fmt.Printf("  %-5s /readyz: %d %s\n", r.id, resp.StatusCode, strings.TrimSpace(string(body)))
+			fmt.Fprintf(out, "  %s%-7s %d %s\n", r.e.Identity(), path, resp.StatusCode, strings.TrimSpace(string(body)))
 		}
 	}
-	first := <-elected
-	time.Sleep(200 * time.Millisecond) // let the follower see the leader
-	fmt.Printf("%s leads:\n", first)
-	show()
-	for _, r := range replicas {
-		if r.id == first {
-			r.e.Resign(ctx)
-		}
-	}
-	fmt.Printf("%s resigned; %s leads:\n", first, <-elected)
-	show()
 	return nil
 }

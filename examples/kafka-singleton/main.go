@@ -33,8 +33,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/pgleadertest"
 )
 
 func main() {
@@ -61,7 +61,7 @@ func envOr(k, def string) string {
 
 // runReplica is one replica against a real cluster.
 func runReplica(ctx context.Context, brokers []string, topic string) error {
-	dsn, release, err := exampledb.DSN()
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func runReplica(ctx context.Context, brokers []string, topic string) error {
 // demo runs the whole story in one process.
 func demo(ctx context.Context) error {
 	const topic, partitions, records = "events", 3, 3000
-	dsn, release, err := exampledb.DSN()
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}

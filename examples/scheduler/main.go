@@ -18,8 +18,8 @@ import (
 
 	"github.com/pgleader/pgleader/contrib/gocronleader"
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/pgleadertest"
 )
 
 func main() {
@@ -30,7 +30,7 @@ func main() {
 }
 
 func run() error {
-	dsn, release, err := exampledb.DSN()
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}

@@ -29,8 +29,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/pgleadertest"
 )
 
 func main() {
@@ -68,7 +68,7 @@ func tick(ctx context.Context, pool *pgxpool.Pool, l leader.Leadership) error {
 }
 
 func run(ctx context.Context, out io.Writer) error {
-	dsn, release, err := exampledb.DSN()
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}

@@ -26,8 +26,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/exampledb"
 	"github.com/pgleader/pgleader/leader"
+	"github.com/pgleader/pgleader/pgleadertest"
 )
 
 func main() {
@@ -151,7 +151,7 @@ func (r *replica) work(ctx context.Context, pool *pgxpool.Pool, l leader.Leaders
 
 func demo(ctx context.Context) error {
 	const jobs = 600
-	dsn, release, err := exampledb.DSN()
+	dsn, release, err := pgleadertest.Database()
 	if err != nil {
 		return err
 	}

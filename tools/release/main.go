@@ -383,6 +383,42 @@ func rehearse(root string) error {
 		}
 		step("%-45s go get alone, and a program importing its %d packages builds", m.Path, len(imports))
 	}
+	// Every example, copied into a user's own module (its .go files but
+	// the tests), builds there: no example reaches into this repository.
+	examples, err := filepath.Glob(filepath.Join(tree, "examples", "*"))
+	if err != nil {
+		return err
+	}
+	for _, ex := range examples {
+		srcs, _ := filepath.Glob(filepath.Join(ex, "*.go"))
+		scratch := filepath.Join(work, "copy-"+filepath.Base(ex))
+		n := 0
+		for _, src := range srcs {
+			if strings.HasSuffix(src, "_test.go") {
+				continue
+			}
+			b, err := os.ReadFile(src)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(scratch, 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(scratch, filepath.Base(src)), b, 0o644); err != nil {
+				return err
+			}
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		for _, args := range [][]string{{"mod", "init", "example.com/" + filepath.Base(ex)}, {"mod", "tidy"}, {"build", "-o", os.DevNull, "."}} {
+			if _, err := run(scratch, e, "go", args...); err != nil {
+				return err
+			}
+		}
+		step("%-45s copied into a user's module, builds there", "examples/"+filepath.Base(ex))
+	}
 	// go install, as the README says.
 	gobin := filepath.Join(work, "bin")
 	ie := append(e, "GOBIN="+gobin)
