@@ -14,12 +14,12 @@
 // writes it, with its go.sum lines). See RELEASING.md.
 //
 // rehearse builds a file-system module proxy from the committed tree: every
-// module zipped from HEAD (as a tag would serve it) at v0.0.0-rehearsal,
+// module zipped from HEAD (as a tag would serve it) at v0.0.0-rehearsal-<commit>,
 // and every version of a repository module that a go.mod requires, zipped
 // from its commit. Then, with GOWORK=off and that proxy first: every module
 // builds, vets, and is tidy (go mod tidy -diff); a scratch module outside
 // the tree gets each module alone and builds a program importing it; and
-// go install .../cmd/pgleader@v0.0.0-rehearsal installs a binary whose
+// go install .../cmd/pgleader@v0.0.0-rehearsal-<commit> installs a binary whose
 // version command names that version.
 package main
 
@@ -41,8 +41,16 @@ import (
 	"golang.org/x/mod/zip"
 )
 
-// Rehearsal is the version the rehearsal serves HEAD's modules at.
-const Rehearsal = "v0.0.0-rehearsal"
+// rehearsal is the version the rehearsal serves HEAD's modules at:
+// v0.0.0-rehearsal-<commit>, one per commit, so that the module cache never
+// serves an earlier rehearsal's zip under the same version.
+func rehearsal(root string) (string, error) {
+	out, err := git(root, "rev-parse", "--short=12", "HEAD")
+	if err != nil {
+		return "", err
+	}
+	return "v0.0.0-rehearsal-" + strings.TrimSpace(out), nil
+}
 
 // Core is the core module's path.
 const Core = "github.com/pgleader/pgleader"
@@ -254,16 +262,16 @@ func tagOf(m mod, v string) string {
 	return filepath.ToSlash(m.Dir) + "/" + v
 }
 
-// build fills a proxy with every module at Rehearsal (from HEAD) and every
+// build fills a proxy with every module at version v (from HEAD) and every
 // repository version a go.mod requires.
-func build(root, dir string) ([]mod, error) {
+func build(root, dir, v string) ([]mod, error) {
 	ms, err := modules(root)
 	if err != nil {
 		return nil, err
 	}
 	p := proxy{dir: dir}
 	for _, m := range ms {
-		if err := p.add(root, m, "HEAD", Rehearsal); err != nil {
+		if err := p.add(root, m, "HEAD", v); err != nil {
 			return nil, err
 		}
 	}
@@ -317,9 +325,17 @@ func rehearse(root string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	if os.Getenv("RELEASE_KEEP") == "" {
+		defer os.RemoveAll(work)
+	} else {
+		fmt.Println("release: keeping", work)
+	}
 	proxyDir := filepath.Join(work, "proxy")
-	ms, err := build(root, proxyDir)
+	Rehearsal, err := rehearsal(root)
+	if err != nil {
+		return err
+	}
+	ms, err := build(root, proxyDir, Rehearsal)
 	if err != nil {
 		return err
 	}
