@@ -105,7 +105,8 @@ type Config struct {
 	Callbacks Callbacks
 	// Logger receives structured logs; nil means none.
 	Logger *zap.Logger
-	// Observer receives events for metrics (see health.NewMetrics); nil
+	// Observer receives events for metrics (promleader.NewMetrics, in the
+	// module github.com/pgleader/pgleader/contrib/promleader); nil
 	// means none. Its methods run on the elector's goroutine and must not
 	// block.
 	Observer leader.Observer

@@ -75,7 +75,7 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 			return Handover{}, err
 		}
 		if !ok {
-			return Handover{From: from}, fmt.Errorf("%w: no candidate named %q stands for %s", leader.ErrNotCandidate, to, key)
+			return Handover{From: from}, fmt.Errorf("%w: %q does not stand for %s", leader.ErrNotCandidate, to, key)
 		}
 	}
 	began := time.Now()

@@ -215,7 +215,7 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 		}
 		if ok, err := ls.Standing(ctx, e.target, req.To); err != nil || !ok {
 			log.Info("resign request refused: no such candidate", zap.Error(err))
-			answer(fmt.Sprintf("unknown: no candidate named %q stands for this key", req.To))
+			answer(fmt.Sprintf("unknown: %q does not stand for this key", req.To))
 			return nil
 		}
 		// The named candidate queues within milliseconds of the

@@ -92,6 +92,7 @@ func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, c.err
 	}
 	conn, err := pgx.ConnectConfig(ctx, c.cfg)
+	err = tidyConnectError(err)
 	var pgErr *pgconn.PgError
 	if err != nil && errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -104,6 +105,50 @@ func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 	}
 	return conn, err
 }
+
+// tidyConnectError drops, from a failed connection's message, the line of
+// a TLS attempt the server refused when pgx then tried the same host
+// without TLS (sslmode=prefer, the default): that line came first and hid
+// the reason (a wrong password). The error itself stays in the chain.
+func tidyConnectError(err error) error {
+	if err == nil {
+		return nil
+	}
+	lines := strings.Split(err.Error(), "\n\t")
+	if len(lines) < 3 {
+		return err
+	}
+	const refused = "tls error: server refused TLS connection"
+	kept := []string{lines[0]}
+	for i, l := range lines[1:] {
+		host, _, _ := strings.Cut(l, " ")
+		next := ""
+		if i+2 < len(lines) {
+			next, _, _ = strings.Cut(lines[i+2], " ")
+		}
+		if strings.HasSuffix(l, refused) && next == host {
+			continue
+		}
+		kept = append(kept, l)
+	}
+	if len(kept) == len(lines) {
+		return err
+	}
+	msg := strings.Join(kept, "\n\t")
+	if len(kept) == 2 {
+		msg = kept[0] + " " + kept[1]
+	}
+	return &tidyError{msg: msg, err: err}
+}
+
+// tidyError is an error with a clearer message; Unwrap gives the original.
+type tidyError struct {
+	msg string
+	err error
+}
+
+func (e *tidyError) Error() string { return e.msg }
+func (e *tidyError) Unwrap() error { return e.err }
 
 // hostCount counts the distinct host:port pairs a parsed config tries.
 func hostCount(cfg *pgx.ConnConfig) int {

@@ -2,10 +2,14 @@ package leader_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -151,5 +155,26 @@ func BenchmarkKeyFromName(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		leader.KeyFromName("billing-consumer")
+	}
+}
+
+// A failed connection's message names the reason first: the line of a TLS
+// attempt the server refused (sslmode=prefer) is dropped when pgx then
+// tried the same host without TLS. The error stays in the chain.
+func TestConnectErrorLeadsWithTheReason(t *testing.T) {
+	srv := shared.Get(t)
+	ctx := context.Background()
+	for _, q := range []string{"CREATE ROLE " + testpg.PasswordRole + " NOLOGIN", "CREATE ROLE tidy_user LOGIN PASSWORD 'right' IN ROLE " + testpg.PasswordRole} {
+		srv.Exec(ctx, q)
+	}
+	// No sslmode: prefer, the default, tries TLS first.
+	_, err := leader.DSN("postgres://tidy_user:wrong@" + srv.Addr() + "/postgres?connect_timeout=10").Connect(ctx)
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, leader.ErrRejected) || !errors.As(err, &pgErr) || pgErr.Code != "28P01" {
+		t.Fatalf("want ErrRejected with the server's 28P01, got %v", err)
+	}
+	t.Log(err)
+	if strings.Contains(err.Error(), "tls error") || !strings.Contains(err.Error(), "password authentication failed") || strings.Contains(err.Error(), "wrong") {
+		t.Fatalf("message: %q", err.Error())
 	}
 }

@@ -126,7 +126,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	default:
-		fmt.Fprintf(stderr, "pgleader %s: %v\n", name, err)
+		// The line already says "pgleader <command>:"; an error of ours
+		// that opens with "pgleader: " would say it twice.
+		fmt.Fprintf(stderr, "pgleader %s: %s\n", name, strings.TrimPrefix(err.Error(), "pgleader: "))
 		return exitError
 	}
 }

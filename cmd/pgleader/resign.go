@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/pgleader/pgleader/elector"
@@ -39,7 +40,7 @@ candidate, 1 no answer or another error.
 		fmt.Fprintf(stderr, "pgleader resign: NO LEADER for %s\n", name)
 		return exitCode(exitNoLeader)
 	case errors.Is(err, leader.ErrNotCandidate), errors.Is(err, leader.ErrRefused):
-		fmt.Fprintf(stderr, "pgleader resign: %v\n", err)
+		fmt.Fprintf(stderr, "pgleader resign: %s\n", strings.TrimPrefix(err.Error(), "pgleader: "))
 		return exitCode(exitRefused)
 	case err != nil:
 		return err
