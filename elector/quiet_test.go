@@ -206,10 +206,23 @@ func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
 		}
 		return len(h.Waiters) == 2, fmt.Sprintf("%d waiters", len(h.Waiters))
 	})
-	// The waiters stay two: the other two followers watch.
-	waitRounds(t, els, 2)
-	if h, _ = leader.Holder(ctx, conn, key); len(h.Waiters) != 2 {
-		t.Fatalf("%d sessions queue on the lock, want the 2 heirs", len(h.Waiters))
+	// The waiters stay two: the other two followers watch. An heir between
+	// two rounds is not queued for that moment (on a loaded machine such a
+	// moment can be long), so count over a few rounds: never more than two,
+	// and both of them again at the end.
+	most := 0
+	for i := 0; i < 2 || len(h.Waiters) != 2; i++ {
+		waitRounds(t, els, 1)
+		if h, err = leader.Holder(ctx, conn, key); err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, len(h.Waiters))
+		if i > 200 {
+			t.Fatalf("the two heirs never queue together again (%d waiters)", len(h.Waiters))
+		}
+	}
+	if most > 2 {
+		t.Fatalf("%d sessions queued on the lock, want at most the 2 heirs", most)
 	}
 	pids := []uint32{h.Holder.PID}
 	for _, w := range h.Waiters {
