@@ -126,8 +126,8 @@ func tidyConnectError(err error) error {
 		if i+2 < len(lines) {
 			next, _, _ = strings.Cut(lines[i+2], " ")
 		}
-		if strings.HasSuffix(l, refused) && next == host {
-			continue
+		if strings.HasSuffix(l, refused) && next == host || l == kept[len(kept)-1] {
+			continue // a refused TLS attempt before a plain one; or the same failure twice (prefer's two attempts)
 		}
 		kept = append(kept, l)
 	}
