@@ -12,7 +12,7 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-// Defaults for the timing fields of Config. See the README's tuning table.
+// Defaults for the timing fields of Config. See docs/tuning.md.
 const (
 	DefaultRenewInterval     = 1 * time.Second
 	DefaultRenewDeadline     = 3 * time.Second

@@ -1,8 +1,8 @@
 // Package elector runs a long-lived leader election on a PostgreSQL advisory
 // lock. An Elector owns one dedicated connection, campaigns for the lock,
 // checks on every renew that its own backend still holds it, and calls
-// OnElected and OnDemoted. See the README for the guarantees and the
-// failure model.
+// OnElected and OnDemoted. The README states the guarantees and the failure
+// model; docs/how-it-works.md is the design.
 //
 // The states, each a function of this package:
 //

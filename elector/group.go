@@ -52,7 +52,7 @@ type GroupConfig struct {
 	// database share its keys. At most 200 bytes.
 	Group string
 	// Keys are the elections. Every member should have the same set; see
-	// the README's Group section for what happens while they differ.
+	// docs/groups.md for what happens while they differ.
 	// Duplicates are an error; an empty set is allowed (the member joins
 	// and leads nothing until SetKeys).
 	Keys []leader.Key
@@ -77,7 +77,7 @@ type GroupConfig struct {
 	// SingleConnection turns the crash watch off: the group then uses one
 	// connection per member instead of two, and a member that dies is
 	// noticed at the survivors' next round (up to RenewInterval later)
-	// instead of at once. See the README's Group section.
+	// instead of at once. See docs/groups.md.
 	SingleConnection bool
 }
 

@@ -119,3 +119,28 @@ func TestQuickstartHandsOver(t *testing.T) {
 		t.Fatalf("the first leader did not step down gracefully:\n%s", outs[first])
 	}
 }
+
+// The README's Quick start is this file, verbatim: a newcomer who copies
+// it from there gets the program these tests build and run.
+func TestReadmeQuotesThisFile(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Skipf("no README beside the module (a copy of the example): %v", err)
+	}
+	src, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "## Quick start")
+	if !ok {
+		t.Fatal("README has no Quick start section")
+	}
+	_, block, ok := strings.Cut(after, "```go\n")
+	if !ok {
+		t.Fatal("README's Quick start has no Go block")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	if block != string(src) {
+		t.Fatal("README's Quick start differs from examples/quickstart/main.go: paste the file into it")
+	}
+}
