@@ -443,6 +443,70 @@ func TestForgedAnnouncements(t *testing.T) {
 	}
 }
 
+// Another role holding the key in share mode blocks the election (nobody
+// can take it exclusively), but it is no leader: no elector leads, and
+// neither the electors nor Observe report it. Once it lets go, one elector
+// leads and every one of them sees it.
+func TestSharedHolderIsNoLeader(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	evil := r.EvilConn(t)
+	args, vals := key.SQLArgs(1)
+	if _, err := evil.Exec(ctx, "SELECT set_config('application_name', 'EVIL', false), pg_advisory_lock_shared("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var observed []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		elector.Observe(ctx, elector.DSN(r.AppDSN), key, func(id string) {
+			mu.Lock()
+			observed = append(observed, id)
+			mu.Unlock()
+		})
+	}()
+	els := map[string]*running{}
+	var list []*running
+	for i := range 3 {
+		id := fmt.Sprintf("share-%d", i)
+		els[id] = start(t, rec, opts{dsn: r.AppDSN, key: key, id: id})
+		list = append(list, els[id])
+	}
+	waitRounds(t, list, 2)
+	for _, rn := range list {
+		if rn.e.IsLeader() || rn.e.Leader() != "" {
+			t.Fatalf("%s: IsLeader %v, Leader() %q while another role holds the key shared", rn.e.Identity(), rn.e.IsLeader(), rn.e.Leader())
+		}
+	}
+	if n := rec.count("elected", ""); n != 0 {
+		t.Fatalf("%d elections while another role holds the key shared", n)
+	}
+	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock_shared("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	first := rec.next("elected", "").id
+	waitAllSee(t, els, first)
+	eventually(t, "Observe reports the leader", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(observed) > 0 && observed[len(observed)-1] == first, fmt.Sprint(observed)
+	})
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range observed {
+		if id != "" && id != first {
+			t.Fatalf("Observe reported %q (all: %v)", id, observed)
+		}
+	}
+}
+
 // Another role holding a key's gate lock (the lock a leader takes to
 // reserve the key for a named candidate) does not stall the key: when the
 // leader steps down, the next one is elected within an election's bound.

@@ -28,10 +28,17 @@ type Backend struct {
 
 // HolderInfo is who holds a key and who waits for it.
 type HolderInfo struct {
-	// Held reports whether any session holds the key.
+	// Held reports whether a session holds the key exclusively, as a
+	// leader does.
 	Held bool
-	// Holder is the session holding the key, when Held.
+	// Holder is the session holding the key exclusively, when Held.
 	Holder Backend
+	// Sharers are the sessions holding the key in share mode, oldest
+	// session first. They lead nothing, but while any holds it nobody can
+	// take the key exclusively: an application's (or another role's)
+	// pg_advisory_lock_shared blocks the election. A follower's probe
+	// shows here for an instant while the key is free.
+	Sharers []Backend
 	// Waiters are the sessions queued for the key (pg_locks.granted =
 	// false), oldest session first.
 	Waiters []Backend
@@ -51,7 +58,7 @@ func Holder(ctx context.Context, q Querier, key Key) (HolderInfo, error) {
 	// It reads the sessions with pg_stat_get_activity, not the
 	// pg_stat_activity view, whose joins lock shared catalogs: it answers
 	// while another role fills the server's lock table.
-	rows, err := q.Query(ctx, `SELECT l.granted, l.pid, coalesce(a.application_name, ''),
+	rows, err := q.Query(ctx, `SELECT l.granted, l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock', l.pid, coalesce(a.application_name, ''),
   coalesce(pg_catalog.pg_get_userbyid(a.usesysid)::pg_catalog.text, ''), a.backend_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) a ON a.pid OPERATOR(pg_catalog.=) l.pid
 WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -64,21 +71,24 @@ ORDER BY l.granted DESC, a.backend_start, l.pid`, classid, objid, objsubid)
 	defer rows.Close()
 	var h HolderInfo
 	for rows.Next() {
-		var granted bool
+		var granted, exclusive bool
 		var s Backend
 		var pid int32
 		var start *time.Time
-		if err := rows.Scan(&granted, &pid, &s.Identity, &s.User, &start); err != nil {
+		if err := rows.Scan(&granted, &exclusive, &pid, &s.Identity, &s.User, &start); err != nil {
 			return HolderInfo{}, err
 		}
 		s.PID = uint32(pid)
 		if start != nil {
 			s.BackendStart = *start
 		}
-		if granted && !h.Held {
-			h.Held, h.Holder = true, s
-		} else if !granted {
+		switch {
+		case !granted:
 			h.Waiters = append(h.Waiters, s)
+		case !exclusive:
+			h.Sharers = append(h.Sharers, s)
+		case !h.Held:
+			h.Held, h.Holder = true, s
 		}
 	}
 	return h, rows.Err()

@@ -151,6 +151,36 @@ func TestHolderFindsHolderAndWaiters(t *testing.T) {
 	<-done
 }
 
+// A session that holds a key in share mode holds no leadership: Holder
+// names it among the Sharers (it blocks the election), never as the
+// holder, whichever sorts first.
+func TestHolderIsNeverASharer(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	args, vals := key.SQLArgs(1)
+	var conns []*pgx.Conn
+	for _, app := range []string{"sharer-1", "sharer-2"} {
+		cfg, err := pgx.ParseConfig(server(t).DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "SELECT pg_advisory_lock_shared("+args+")", vals...); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	h, err := leader.Holder(ctx, conns[0], key)
+	if err != nil || h.Held || h.Identity() != "" || len(h.Sharers) != 2 || h.Sharers[0].Identity != "sharer-1" {
+		t.Fatalf("key held shared by two sessions: %+v, %v; want no holder and two sharers", h, err)
+	}
+}
+
 func BenchmarkKeyFromName(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {

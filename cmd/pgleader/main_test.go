@@ -507,6 +507,17 @@ func TestStatusOneNameOrderAndVersion(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "order-holder") || strings.Contains(out, "1000001") {
 		t.Fatalf("status of a held name: exit %d, %q", code, out)
 	}
+	// A shared hold is no leader: status says nobody leads, and who
+	// blocks the election.
+	shared := leader.KeyFromName("held-shared")
+	args, vals = shared.SQLArgs(1)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	code, out = cli(t, nil, "status", "--dsn", s.DSN(), "held-shared")
+	if code != exitNoLeader || !strings.Contains(out, "NO LEADER") || !strings.Contains(out, "held shared by order-holder(") {
+		t.Fatalf("status of a name held shared: exit %d, %q", code, out)
+	}
 	if code, out := cli(t, nil, "version"); code != 0 || !strings.HasPrefix(out, "pgleader ") {
 		t.Fatalf("version: exit %d, %q", code, out)
 	}

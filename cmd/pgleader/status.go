@@ -26,6 +26,9 @@ type lockStatus struct {
 	Key     string          `json:"key"`
 	Name    string          `json:"name,omitempty"`
 	Holder  *sessionStatus  `json:"holder"`
+	// Sharers hold the lock in share mode: no leader, but nobody can
+	// take it exclusively while they do.
+	Sharers []sessionStatus `json:"sharers,omitempty"`
 	Waiters []sessionStatus `json:"waiters"`
 	// Watching are the candidates that stand by without queueing (an
 	// elector's watchers, seen in the key's roster; see lockconn.Quiet).
@@ -144,6 +147,9 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 				out.WriteString("\n")
 			} else if leaderless {
 				fmt.Fprintf(&out, "%s: NO LEADER (%d waiting, %d watching)\n", fs.Arg(0), len(l.Waiters), len(l.Watching))
+				if len(l.Sharers) > 0 {
+					fmt.Fprintf(&out, "held shared by %s: nobody can be elected until they let go\n", sessionList(l.Sharers))
+				}
 			} else {
 				renderStatus(&out, []*lockStatus{l})
 			}
@@ -261,7 +267,9 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			byKey[k] = ls
 			order = append(order, ls)
 		}
-		if granted && ls.Holder == nil {
+		if granted && mode != "ExclusiveLock" {
+			ls.Sharers = append(ls.Sharers, s)
+		} else if granted && ls.Holder == nil {
 			s.HeldSince = start
 			ls.Holder = &s
 			// An elector's statements name its key (lockconn.NameMarker):
@@ -344,6 +352,15 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 	return order, nil
 }
 
+// sessionList names sessions as identity(pid), comma-separated.
+func sessionList(ss []sessionStatus) string {
+	var names []string
+	for _, s := range ss {
+		names = append(names, fmt.Sprintf("%s(%d)", show(s.Identity), s.PID))
+	}
+	return strings.Join(names, ", ")
+}
+
 func renderStatus(w io.Writer, locks []*lockStatus) {
 	if len(locks) == 0 {
 		fmt.Fprintln(w, "no advisory locks held or awaited in this database")
@@ -370,6 +387,9 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 					held = "<" + held // the session's age: an upper bound
 				}
 			}
+		}
+		if l.Holder == nil && len(l.Sharers) > 0 {
+			holder = "(held shared by " + sessionList(l.Sharers) + ")"
 		}
 		if l.Term > 0 {
 			term = fmt.Sprint(l.Term)

@@ -83,8 +83,13 @@ func TagOf(k KeyLike) Tag {
 // The SQL below is compact on purpose: without prepared statements its text
 // goes over the wire on every round.
 
+// where matches the lock granted in exclusive mode, the only mode a
+// leader holds it in. A shared hold is no leadership: a follower's probe
+// holds the key shared for an instant while it is free, and any role may
+// hold it shared for as long as it likes; neither is a leader, and a
+// session that holds it only shared does not lead.
 func (t Tag) where() string {
-	return fmt.Sprintf("l.locktype='advisory' AND l.classid=%d AND l.objid=%d AND l.objsubid=%d AND l.granted", t.ClassID, t.ObjID, t.ObjSubID)
+	return fmt.Sprintf("l.locktype='advisory' AND l.classid=%d AND l.objid=%d AND l.objsubid=%d AND l.granted AND l.mode='ExclusiveLock'", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
 // CheckSQL returns the session's backend pid, its owner token, whether

@@ -333,6 +333,58 @@ func TestHolderLookupIgnoresWaiters(t *testing.T) {
 	}
 }
 
+// A shared hold of the key is no leadership. A session that holds the key
+// only in share mode (its exclusive hold released under it) does not
+// renew, and a holder lookup never names a shared holder: a follower's
+// probe holds a free key shared for an instant, and any role may hold it
+// shared for as long as it likes.
+func TestSharedHoldIsNoLeadership(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "shared-test", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(key, "", "", "")
+	if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
+		t.Fatalf("take the key: %+v %v", r, err)
+	}
+	// The session also takes the key shared, then lets go of its
+	// exclusive hold: it holds the key, but only shared.
+	if _, err := ls.Conn().Exec(ctx, target.Call("pg_advisory_lock_shared"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Conn().Exec(ctx, target.Call("pg_advisory_unlock"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("renew while holding the key only shared: %v, want ErrLockLost", err)
+	}
+
+	// Another session holds the key shared: a lookup finds no holder.
+	sharer, _ := session(t, "sharer", time.Second)
+	if _, err := sharer.Exec(ctx, target.Call("pg_advisory_lock_shared"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	looker, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk, err := lockconn.Open(ctx, looker, lockconn.Settings{Identity: "looker", LockTimeout: time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	if _, seen, err := lk.Watch(ctx, target, lockconn.Quiet{Wait: time.Millisecond, Poll: time.Second, Heirs: 2}); err != nil || seen != "" {
+		t.Fatalf("holder lookup with the key held shared by two sessions: %q (%v), want none", seen, err)
+	}
+}
+
 // The pooling symptoms, classified without a server: vanished or colliding
 // prepared statements, and this session's own function missing.
 func TestPoolingSymptoms(t *testing.T) {
