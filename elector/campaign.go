@@ -137,25 +137,37 @@ var errTermStuck = errors.New("fencing term row locked by an earlier leader's tr
 // confirm proves, right after the lock was granted, that our own backend
 // holds it (which also catches a transaction-pooling proxy), and with
 // fencing installs the next term in the same round trip. While the term
-// row is busy it tries again, each check moving the trust window, for up
-// to LeaseDuration. It returns when the successful check was sent, and the
-// term.
-func (e *Elector) confirm(ls lease, sent time.Time) (time.Time, int64, error) {
+// row is busy it tries again, for up to LeaseDuration. It returns when the
+// successful check was sent, and the term.
+//
+// Nothing acts on the lock before confirm returns (OnElected has not
+// started), so each check's own send time anchors the trust window, and
+// its deadline is that plus RenewDeadline: the server's lease runs from
+// after the check, whatever happened before it.
+func (e *Elector) confirm(ls lease) (time.Time, int64, error) {
 	giveUp := time.Now().Add(e.cfg.LeaseDuration)
-	trustFrom := sent
 	for {
 		vsent := time.Now()
-		ctx, cancel := context.WithDeadline(context.Background(), trustFrom.Add(e.cfg.RenewDeadline))
+		ctx, cancel := context.WithDeadline(context.Background(), vsent.Add(e.cfg.RenewDeadline))
 		term, err := ls.Confirm(ctx, e.target)
 		cancel()
 		if !errors.Is(err, lockconn.ErrTermBusy) {
 			return vsent, term, e.classifyConfirm(err)
 		}
-		trustFrom = vsent // the check in that round trip succeeded
 		if time.Now().After(giveUp) {
 			return vsent, 0, errTermStuck
 		}
 	}
+}
+
+// staleGrant reports whether a proven grant needs a confirm all the same:
+// its round was sent so long ago (an heir's wait granted late, a loaded
+// machine) that less than half of the trust window it opened is left.
+// OnElected would start with little or no trust left, and the first
+// renew's deadline would pass in flight, demoting a leader that holds the
+// lock. A check now opens a fresh window, before OnElected.
+func (e *Elector) staleGrant(sent time.Time) bool {
+	return time.Since(sent) > e.cfg.RenewDeadline/2
 }
 
 // classifyConfirm names a failed term installation: the server's refusals

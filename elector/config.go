@@ -2,23 +2,23 @@ package elector
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
 // Defaults for the timing fields of Config. See docs/tuning.md.
 const (
-	DefaultRenewInterval     = 1 * time.Second
-	DefaultRenewDeadline     = 3 * time.Second
-	DefaultLeaseDuration     = 6 * time.Second
-	DefaultReleaseTimeout    = 5 * time.Second
-	DefaultReconnectMaxDelay = 500 * time.Millisecond
+	DefaultRenewInterval     = timing.DefaultRenewInterval
+	DefaultRenewDeadline     = timing.DefaultRenewDeadline
+	DefaultLeaseDuration     = timing.DefaultLeaseDuration
+	DefaultReleaseTimeout    = timing.DefaultReleaseTimeout
+	DefaultReconnectMaxDelay = timing.DefaultReconnectMaxDelay
 	// DefaultHistoryRetention is how long history rows are kept.
 	DefaultHistoryRetention = 30 * 24 * time.Hour
 )
@@ -27,23 +27,13 @@ const (
 // (NAMEDATALEN - 1); longer names are cut by the server.
 const maxIdentityLen = 63
 
-// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
-var ErrInvalidConfig = errors.New("elector: invalid config")
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config
+// (it is leader.ErrInvalidConfig).
+var ErrInvalidConfig = leader.ErrInvalidConfig
 
-// ConfigError names the Config field that is wrong and the rule it breaks.
-// It wraps ErrInvalidConfig.
-type ConfigError struct {
-	Field string
-	Rule  string
-}
-
-// Error names the field and the rule.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("elector: invalid config: %s: %s", e.Field, e.Rule)
-}
-
-// Unwrap makes errors.Is(err, ErrInvalidConfig) true.
-func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+// ConfigError names the Config field that is wrong and the rule it breaks
+// (it is leader.ConfigError). It wraps ErrInvalidConfig.
+type ConfigError = leader.ConfigError
 
 // Connector opens the elector's dedicated connection (see leader.Connector).
 type Connector = leader.Connector
@@ -200,16 +190,15 @@ type Fencing struct {
 }
 
 func (c *Config) setDefaults() {
+	d := c.durations()
+	d.SetDefaults()
+	c.RenewInterval, c.RenewDeadline, c.LeaseDuration, c.ReleaseTimeout, c.ReconnectMaxDelay =
+		d.RenewInterval, d.RenewDeadline, d.LeaseDuration, d.ReleaseTimeout, d.ReconnectMaxDelay
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
 		}
 	}
-	def(&c.RenewInterval, DefaultRenewInterval)
-	def(&c.RenewDeadline, DefaultRenewDeadline)
-	def(&c.LeaseDuration, DefaultLeaseDuration)
-	def(&c.ReleaseTimeout, DefaultReleaseTimeout)
-	def(&c.ReconnectMaxDelay, DefaultReconnectMaxDelay)
 	if c.Fencing.Enabled && c.Fencing.Table == "" {
 		c.Fencing.Table = leader.DefaultTermsTable
 	}
@@ -228,19 +217,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// printable checks a name that pgleader shows and sends: 1 to max bytes of
-// printable ASCII (no control character, so no terminal escape or forged
-// line can hide in it).
-func printable(s string, max int) error {
-	if s == "" || len(s) > max {
-		return fmt.Errorf("must be 1 to %d bytes, got %d", max, len(s))
-	}
-	for _, r := range s {
-		if r < 0x20 || r > 0x7e {
-			return fmt.Errorf("must be printable ASCII, got %q", s)
-		}
-	}
-	return nil
+// durations are c's timings, as the Elector and the Group share them.
+func (c *Config) durations() timing.Durations {
+	return timing.Durations{RenewInterval: c.RenewInterval, RenewDeadline: c.RenewDeadline, LeaseDuration: c.LeaseDuration,
+		ReleaseTimeout: c.ReleaseTimeout, ReconnectMaxDelay: c.ReconnectMaxDelay}
 }
 
 func (c *Config) validate() error {
@@ -254,20 +234,13 @@ func (c *Config) validate() error {
 		return bad("Key", "must be a valid key (leader.KeyFromName with a non-empty UTF-8 name, leader.Int64Key or leader.PairKey)")
 	case c.Callbacks.OnElected == nil:
 		return bad("Callbacks.OnElected", "required")
-	case c.RenewInterval < time.Millisecond:
-		return bad("RenewInterval", "must be at least 1ms, got %s", c.RenewInterval)
-	case c.RenewDeadline <= c.RenewInterval:
-		return bad("RenewDeadline", "must be greater than RenewInterval (%s), got %s", c.RenewInterval, c.RenewDeadline)
-	case c.LeaseDuration <= c.RenewDeadline:
-		return bad("LeaseDuration", "must be greater than RenewDeadline (%s), got %s", c.RenewDeadline, c.LeaseDuration)
-	case c.ReleaseTimeout < 0:
-		return bad("ReleaseTimeout", "must not be negative, got %s", c.ReleaseTimeout)
-	case c.ReconnectMaxDelay < 0:
-		return bad("ReconnectMaxDelay", "must not be negative, got %s", c.ReconnectMaxDelay)
 	case len(c.Identity) > maxIdentityLen:
 		return bad("Identity", "must be at most %d bytes (PostgreSQL cuts application_name), got %d", maxIdentityLen, len(c.Identity))
 	}
-	if err := printable(c.Identity, maxIdentityLen); err != nil {
+	if err := c.durations().Validate(); err != nil {
+		return err
+	}
+	if err := timing.Printable(c.Identity, maxIdentityLen); err != nil {
 		return bad("Identity", "%v (PostgreSQL replaces other characters in application_name)", err)
 	}
 	if c.Fencing.Enabled {

@@ -28,16 +28,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -316,7 +315,7 @@ func (e *Elector) Run(ctx context.Context) (err error) {
 		go func() { defer close(stopped); e.reportLeaders(stop) }()
 		defer func() { close(stop); <-stopped }()
 	}
-	r := newRetry(e.cfg.ReconnectMaxDelay, e.cfg.RenewInterval, e.cfg.LeaseDuration)
+	r := timing.NewRetry(e.cfg.durations())
 	for {
 		served, err := e.connectAndServe(ctx)
 		if ctx.Err() != nil {
@@ -327,125 +326,15 @@ func (e *Elector) Run(ctx context.Context) (err error) {
 			e.log.Error("giving up: retrying cannot fix this", zap.Error(err))
 			return err
 		}
-		attempt, delay := r.next(served, err)
-		r.log(e.log, attempt, delay, err)
+		attempt, delay := r.Next(served, err)
+		r.Log(e.log, attempt, delay, err)
 		e.obs.Reconnecting(e.cfg.Key, e.cfg.Identity, attempt, delay, err)
-		if !sleepCtx(ctx, delay) {
+		if !timing.Sleep(ctx, delay) {
 			return nil
 		}
 	}
 }
 
-// sleepCtx waits d, or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// retry is the backoff between sessions, shared by the Elector and the
-// Group: jittered and exponential, capped at ReconnectMaxDelay; reset only
-// by a session that lasted LeaseDuration (so a server that accepts and then
-// drops every session does not cause a tight loop); and never faster than
-// RenewInterval on a standby. It also decides what an outage logs.
-type retry struct {
-	bo              *backoff.ExponentialBackOff
-	interval, lease time.Duration
-	attempt         int
-	// What the outage logged: when (zero: nothing yet), its cause, and
-	// the attempts since that went unlogged; lastUp is when the last
-	// session that connected ended.
-	logged, lastUp time.Time
-	cause          string
-	quiet          int
-}
-
-func newRetry(maxDelay, interval, lease time.Duration) *retry {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 25 * time.Millisecond
-	bo.MaxInterval = maxDelay
-	bo.Multiplier = 2
-	bo.RandomizationFactor = 0.5
-	bo.MaxElapsedTime = 0
-	bo.Reset()
-	return &retry{bo: bo, interval: interval, lease: lease}
-}
-
-// next returns the attempt's number and the delay before it, after a
-// session that lasted served and ended with err.
-func (r *retry) next(served time.Duration, err error) (int, time.Duration) {
-	if served > 0 {
-		r.lastUp = time.Now()
-	}
-	if served > r.lease {
-		r.attempt = 0
-		r.bo.Reset()
-		r.logged, r.cause = time.Time{}, ""
-	}
-	r.attempt++
-	delay := r.bo.NextBackOff()
-	if errors.Is(err, leader.ErrStandby) {
-		delay = max(delay, r.interval)
-	}
-	return r.attempt, delay
-}
-
-// log says why and when the next session comes, without flooding the log
-// in an outage: the first failure with its cause, then one line when the
-// cause changes or a minute has passed, with the attempts since and how
-// long ago the last session ended. A standby is logged at error level.
-func (r *retry) log(l *zap.Logger, attempt int, delay time.Duration, err error) {
-	cause, now := causeOf(err), time.Now()
-	if !r.logged.IsZero() && cause == r.cause && now.Sub(r.logged) < time.Minute {
-		r.quiet++
-		return
-	}
-	fields := []zap.Field{zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err)}
-	if r.quiet > 0 {
-		fields = append(fields, zap.Int("attempts_unlogged", r.quiet))
-	}
-	if !r.lastUp.IsZero() {
-		fields = append(fields, zap.Duration("since_last_session", now.Sub(r.lastUp).Round(time.Millisecond)))
-	}
-	msg := "reconnecting"
-	if !r.logged.IsZero() {
-		msg = "still reconnecting"
-	}
-	r.logged, r.cause, r.quiet = now, cause, 0
-	if errors.Is(err, leader.ErrStandby) {
-		l.Error("connected to a standby; "+msg, fields...)
-	} else {
-		l.Warn(msg, fields...)
-	}
-}
-
-// causeOf is an error's text without its numbers (ports, pids, times), to
-// tell one cause of an outage from another.
-func causeOf(err error) string {
-	if err == nil {
-		return ""
-	}
-	return strings.Map(func(r rune) rune {
-		if r >= '0' && r <= '9' {
-			return -1
-		}
-		return r
-	}, err.Error())
-}
-
 // Permanent reports whether Run gives up on err rather than retrying: see
 // Run for the list.
-func Permanent(err error) bool {
-	for _, p := range []error{leader.ErrTransactionPooling, leader.ErrNoTermsTable, leader.ErrReadOnly, leader.ErrRejected,
-		leader.ErrUnsupportedServer, leader.ErrForeignTable} {
-		if errors.Is(err, p) {
-			return true
-		}
-	}
-	return false
-}
+func Permanent(err error) bool { return timing.Permanent(err) }

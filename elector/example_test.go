@@ -68,7 +68,7 @@ func ExampleNew_invalidConfig() {
 		RenewDeadline: time.Second,
 	})
 	fmt.Println(err)
-	// Output: elector: invalid config: RenewDeadline: must be greater than RenewInterval (2s), got 1s
+	// Output: pgleader: invalid config: RenewDeadline: must be greater than RenewInterval (2s), got 1s
 }
 
 // A main that must not go on before it leads (etcd's Campaign,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -229,7 +230,7 @@ func NewGroup(cfg GroupConfig) (*Group, error) {
 	cfg.Identity, cfg.Logger, cfg.Fencing = ec.Identity, ec.Logger, ec.Fencing
 	cfg.RenewInterval, cfg.RenewDeadline, cfg.LeaseDuration, cfg.ReleaseTimeout, cfg.ReconnectMaxDelay =
 		ec.RenewInterval, ec.RenewDeadline, ec.LeaseDuration, ec.ReleaseTimeout, ec.ReconnectMaxDelay
-	if err := printable(cfg.Group, 200); err != nil {
+	if err := timing.Printable(cfg.Group, 200); err != nil {
 		return nil, &ConfigError{Field: "Group", Rule: err.Error()}
 	}
 	g := &Group{cfg: cfg, wake: make(chan struct{}, 1), owned: map[tagKey]*groupTerm{}, ending: map[tagKey]*groupTerm{}, holds: map[tagKey]resignHold{}, gone: map[string]time.Time{}, gifts: map[tagKey]bool{},
@@ -376,7 +377,7 @@ func (g *Group) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	defer g.wg.Wait()
-	r := newRetry(g.cfg.ReconnectMaxDelay, g.cfg.RenewInterval, g.cfg.LeaseDuration)
+	r := timing.NewRetry(timing.Durations{RenewInterval: g.cfg.RenewInterval, LeaseDuration: g.cfg.LeaseDuration, ReconnectMaxDelay: g.cfg.ReconnectMaxDelay})
 	for {
 		began := time.Now()
 		err := g.session(ctx)
@@ -393,9 +394,9 @@ func (g *Group) Run(ctx context.Context) error {
 			g.log.Error("giving up: retrying cannot fix this", zap.Error(err))
 			return err
 		}
-		attempt, delay := r.next(time.Since(began), err)
-		r.log(g.log, attempt, delay, err)
-		if !sleepCtx(ctx, delay) {
+		attempt, delay := r.Next(time.Since(began), err)
+		r.Log(g.log, attempt, delay, err)
+		if !timing.Sleep(ctx, delay) {
 			return nil
 		}
 	}
@@ -1399,7 +1400,7 @@ func (g *Group) end(k tagKey, t *groupTerm, reason error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		if !waitUntil(t.done, time.Now().Add(g.cfg.ReleaseTimeout)) {
+		if !timing.WaitUntil(t.done, time.Now().Add(g.cfg.ReleaseTimeout)) {
 			g.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled", zap.Stringer("key", t.l.Key))
 		}
 		if g.cfg.Callbacks.OnDemoted != nil {

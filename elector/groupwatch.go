@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -98,7 +99,7 @@ func ringNext(members []string, me string) string {
 // targets sends (the ring successor after each round).
 func (g *Group) watchRing(ctx context.Context, targets <-chan string) {
 	c := g.cfg
-	r := newRetry(c.ReconnectMaxDelay, c.RenewInterval, c.LeaseDuration)
+	r := timing.NewRetry(timing.Durations{RenewInterval: c.RenewInterval, LeaseDuration: c.LeaseDuration, ReconnectMaxDelay: c.ReconnectMaxDelay})
 	target := ""
 	for ctx.Err() == nil {
 		began := time.Now()
@@ -113,10 +114,10 @@ func (g *Group) watchRing(ctx context.Context, targets <-chan string) {
 			g.log.Warn("crash watch off for this process: its session function cannot be created (no TEMP privilege, or a read-only role); a member's death is seen at the next round instead", zap.Error(err))
 			return
 		}
-		attempt, delay := r.next(time.Since(began), err)
+		attempt, delay := r.Next(time.Since(began), err)
 		delay = max(delay, c.RenewInterval)
 		g.log.Debug("crash watch: reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-		if !sleepCtx(ctx, delay) {
+		if !timing.Sleep(ctx, delay) {
 			return
 		}
 	}

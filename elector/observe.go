@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -51,7 +52,7 @@ func Observe(ctx context.Context, connect Connector, key leader.Key, fn func(ide
 			return ctx.Err()
 		}
 		_ = err // a lost connection: the next one tells
-		if !sleepCtx(ctx, bo.NextBackOff()) {
+		if !timing.Sleep(ctx, bo.NextBackOff()) {
 			return ctx.Err()
 		}
 	}

@@ -31,6 +31,9 @@ type step struct {
 	round lockconn.Round
 	term  int64
 	err   error
+	// sentAgo: the round was sent this long before it returns (an heir's
+	// lock wait granted late).
+	sentAgo time.Duration
 }
 
 func (s *scriptLease) record(call string) {
@@ -67,6 +70,9 @@ func (s *scriptLease) PID() uint32 { return 4242 }
 func (s *scriptLease) Campaign(ctx context.Context, t *lockconn.Target, try bool) (lockconn.Round, error) {
 	s.record("campaign")
 	if st, ok := s.next(&s.campaigns); ok {
+		if st.sentAgo > 0 {
+			st.round.Sent = time.Now().Add(-st.sentAgo)
+		}
 		return st.round, st.err
 	}
 	select {
@@ -90,6 +96,9 @@ func (s *scriptLease) Confirm(ctx context.Context, t *lockconn.Target) (int64, e
 
 func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
 	s.record("renew")
+	if err := ctx.Err(); err != nil {
+		return err // a statement sent with a deadline already past fails at once
+	}
 	return s.nextRenew()
 }
 
@@ -97,6 +106,9 @@ func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
 // from the renews script too.
 func (s *scriptLease) Announce(ctx context.Context, t *lockconn.Target) error {
 	s.record("announce")
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	return s.nextRenew()
 }
 
@@ -279,3 +291,40 @@ func TestScriptedTermStuckReleasesAndCampaignsAgain(t *testing.T) {
 		t.Fatal("no error logged for the stuck term")
 	}
 }
+
+// An heir's lock wait granted late (a loaded machine): the round that won
+// was sent more than the trust window ago, so the window it opened has
+// closed by the time it returns. The elector checks the lock once more,
+// which opens a fresh window, before OnElected, and leads on; it does not
+// start OnElected untrusted and demote itself at its first renew, which
+// would hand a lock it holds to the next heir (a churn that kept a loaded
+// fleet leaderless for seconds).
+func TestScriptedLateGrantConfirmsBeforeLeading(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Proven: true}, sentAgo: 150 * time.Millisecond}}}
+	var trustedAtStart bool
+	var once sync.Once
+	sc := runScripted(t, ls, func(c *elector.Config) {
+		inner := c.Callbacks.OnElected
+		c.Callbacks.OnElected = func(ctx context.Context, l leader.Leadership) {
+			once.Do(func() { trustedAtStart = ctxTrusted(ctx) })
+			inner(ctx, l)
+		}
+	})
+	sc.waitElected(t)
+	if !trustedAtStart {
+		t.Fatal("OnElected started with its context already cancelled")
+	}
+	eventually(t, "five renews as the leader", func() (bool, string) {
+		return ls.count("renew") >= 5 || sc.logs.FilterMessage("demoted").Len() > 0, fmt.Sprintf("%d renews", ls.count("renew"))
+	})
+	if !sc.e.IsLeader() || sc.logs.FilterMessage("demoted").Len() != 0 {
+		t.Fatalf("IsLeader %v, %d demotions after a late grant", sc.e.IsLeader(), sc.logs.FilterMessage("demoted").Len())
+	}
+	// Only a check may open the fresh window: the lock is proven again.
+	if n := ls.count("confirm"); n != 1 {
+		t.Fatalf("%d confirms after a late grant, want 1", n)
+	}
+}
+
+// ctxTrusted reports whether OnElected's context is still live.
+func ctxTrusted(ctx context.Context) bool { return ctx.Err() == nil }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/timing"
 	"github.com/pgleader/pgleader/leader"
 	"go.uber.org/zap"
 )
@@ -52,13 +53,14 @@ type tenureKey struct{}
 // lead runs one tenure, from the lock being granted to the demotion:
 // begin, announce, hold, step down. A grant the campaign round proved
 // (proven: the session's own backend took it, in that round trip) needs no
-// confirm unless a fencing term must be installed; the trust window then
-// runs from when that round was sent. It reports the reason, and whether
+// confirm unless a fencing term must be installed or the round was sent
+// so long ago that little of its trust window is left (staleGrant); the
+// trust window then runs from when that round was sent. It reports the reason, and whether
 // the connection is still fit for use.
 func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven bool, waited time.Duration) (reason error, keepConn bool) {
 	vsent, term, err := sent, int64(0), error(nil)
-	if !proven || e.cfg.Fencing.Enabled {
-		vsent, term, err = e.confirm(ls, sent)
+	if !proven || e.cfg.Fencing.Enabled || e.staleGrant(sent) {
+		vsent, term, err = e.confirm(ls)
 	}
 	if errors.Is(err, errTermStuck) {
 		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
@@ -308,7 +310,7 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 		ls.Close() // the lock is gone or in doubt: end the session now
 		e.note(func(st *Status) { st.LastError = reason.Error() })
 		t.log.Warn("stepping down", zap.NamedError("reason", reason))
-		if !waitUntil(t.cbDone, releaseAt) {
+		if !timing.WaitUntil(t.cbDone, releaseAt) {
 			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled",
 				zap.Duration("release_timeout", c.ReleaseTimeout))
 		}
@@ -355,7 +357,7 @@ func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
 	// Most callbacks return within microseconds of their context's
 	// cancel: wait for that briefly before reading the socket, whose
 	// interruption costs a handover more than the wait does.
-	if waitUntil(t.cbDone, time.Now().Add(2*time.Millisecond)) {
+	if timing.WaitUntil(t.cbDone, time.Now().Add(2*time.Millisecond)) {
 		return nil
 	}
 	for {
@@ -379,19 +381,6 @@ func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
 		if err := e.renew(t, ls, false, false); err != nil {
 			return err
 		}
-	}
-}
-
-// waitUntil waits for done until the deadline; it reports whether done
-// closed.
-func waitUntil(done chan struct{}, deadline time.Time) bool {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
 	}
 }
 

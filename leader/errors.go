@@ -121,3 +121,22 @@ func (e *FencedError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrFenced) true.
 func (e *FencedError) Unwrap() error { return ErrFenced }
+
+// ErrInvalidConfig is wrapped by every error elector.New, group.New and
+// the lock package return for a bad configuration.
+var ErrInvalidConfig = errors.New("pgleader: invalid config")
+
+// ConfigError names the configuration field that is wrong and the rule it
+// breaks. It wraps ErrInvalidConfig.
+type ConfigError struct {
+	Field string
+	Rule  string
+}
+
+// Error names the field and the rule.
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("pgleader: invalid config: %s: %s", e.Field, e.Rule)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
