@@ -3,8 +3,6 @@ package elector
 import (
 	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Lease is the lease interface, for the scripted tests of package
@@ -25,13 +23,4 @@ func SetObservePoll(d time.Duration) time.Duration {
 	old := observePoll
 	observePoll = d
 	return old
-}
-
-// OnFullRound makes g call f on its session before each full round: a seam
-// for what no other session can do, such as taking one lock from a live
-// member.
-func OnFullRound(g *Group, f func(ctx context.Context, conn *pgx.Conn)) {
-	g.mu.Lock()
-	g.testRound = f
-	g.mu.Unlock()
 }

@@ -23,7 +23,7 @@ func TestWaitElected(t *testing.T) {
 	srv := sharedServer(t)
 	ctx := context.Background()
 	for _, sql := range []string{
-		"CREATE ROLE " + testpg.PasswordRole + " NOLOGIN",
+		"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '" + testpg.PasswordRole + "') THEN CREATE ROLE " + testpg.PasswordRole + " NOLOGIN; END IF; END$$",
 		"CREATE ROLE we_user LOGIN PASSWORD 'right' IN ROLE " + testpg.PasswordRole,
 	} {
 		srv.Exec(ctx, sql) // the first may exist already
@@ -99,11 +99,6 @@ func TestEmptyDSNFailsAtNew(t *testing.T) {
 	var ce *elector.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Connect" || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Fatalf("New with an empty DSN: %v", err)
-	}
-	_, err = elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(" "), Group: "g",
-		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}}})
-	if !errors.As(err, &ce) || ce.Field != "Connect" {
-		t.Fatalf("NewGroup with an empty DSN: %v", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -39,9 +40,10 @@ func TestElectorBehindPgBouncer(t *testing.T) {
 				if err := e.Run(ctx); !errors.Is(err, leader.ErrTransactionPooling) || !strings.Contains(err.Error(), "PgBouncer") {
 					t.Fatalf("Elector: want ErrTransactionPooling naming PgBouncer, got %v", err)
 				}
-				g, err := elector.NewGroup(elector.GroupConfig{
-					Connect: elector.DSN(bouncer.DSN()), Group: t.Name(), Keys: groupKeys(t.Name(), 3), Identity: "pgb-g",
-					RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease, Callbacks: cb,
+				g, err := group.New(group.Config{
+					Connect: leader.DSN(bouncer.DSN()), Group: t.Name(), Keys: []leader.Key{leader.KeyFromName(t.Name() + "/0"), leader.KeyFromName(t.Name() + "/1")},
+					Identity: "pgb-g", RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease,
+					Callbacks: group.Callbacks{OnElected: cb.OnElected, OnDemoted: cb.OnDemoted},
 				})
 				if err != nil {
 					t.Fatal(err)

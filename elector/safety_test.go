@@ -270,7 +270,7 @@ func TestRunReturnsPermanentErrors(t *testing.T) {
 	srv := sharedServer(t)
 	ctx := context.Background()
 	for _, sql := range []string{
-		"CREATE ROLE " + testpg.PasswordRole + " NOLOGIN",
+		"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '" + testpg.PasswordRole + "') THEN CREATE ROLE " + testpg.PasswordRole + " NOLOGIN; END IF; END$$",
 		"CREATE ROLE pw_user LOGIN PASSWORD 'right' IN ROLE " + testpg.PasswordRole,
 		"CREATE ROLE ro_user LOGIN",
 		"ALTER ROLE ro_user SET default_transaction_read_only = on",

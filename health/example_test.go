@@ -6,13 +6,14 @@ import (
 	"net/http"
 
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/health"
 	"github.com/pgleader/pgleader/leader"
 )
 
 func newElector(obs leader.Observer) *elector.Elector {
 	e, err := elector.New(elector.Config{
-		Connect:   elector.DSN("postgres://app@db.internal/app"),
+		Connect:   leader.DSN("postgres://app@db.internal/app"),
 		Key:       leader.KeyFromName("reports"),
 		Identity:  "reports-7f9c",
 		Observer:  obs,
@@ -66,16 +67,16 @@ func ExampleChecker_LiveFunc() {
 	// Output: <nil>
 }
 
-// Probes for a member of an elector.Group: alive while its loop runs,
+// Probes for a member of a group.Group: alive while its loop runs,
 // ready always (every member serves), and POST /resign?key=NAME to hand
 // one key over.
 func ExampleNewGroupChecker() {
-	g, err := elector.NewGroup(elector.GroupConfig{
-		Connect:   elector.DSN("postgres://app@db.internal/app"),
+	g, err := group.New(group.Config{
+		Connect:   leader.DSN("postgres://app@db.internal/app"),
 		Group:     "tenant-schedulers",
 		Keys:      []leader.Key{leader.KeyFromName("scheduler/acme"), leader.KeyFromName("scheduler/globex")},
 		Identity:  "scheduler-7f9c",
-		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+		Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
 	})
 	if err != nil {
 		panic(err)

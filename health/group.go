@@ -6,11 +6,11 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
 )
 
-// GroupChecker answers liveness and readiness for one elector.Group, with
+// GroupChecker answers liveness and readiness for one group.Group, with
 // the same rules as Checker: a member that believes it leads keys but whose
 // last full round is older than RenewDeadline plus Tolerance is wedged; a
 // loop that has not finished a step for StallTimeout is stuck; anything
@@ -18,13 +18,13 @@ import (
 // succeeds, or with LeaderOnly only while the member leads at least one
 // key (the same rollout caveat as Checker's applies).
 type GroupChecker struct {
-	g    *elector.Group
+	g    *group.Group
 	opts Options
 	now  func() time.Time
 }
 
 // NewGroupChecker returns a GroupChecker for g.
-func NewGroupChecker(g *elector.Group, opts Options) *GroupChecker {
+func NewGroupChecker(g *group.Group, opts Options) *GroupChecker {
 	st := g.Status()
 	opts.setDefaults(st.RenewInterval, st.LeaseDuration, st.ReleaseTimeout, "pgleader-group")
 	return &GroupChecker{g: g, opts: opts, now: time.Now}
@@ -34,7 +34,7 @@ func NewGroupChecker(g *elector.Group, opts Options) *GroupChecker {
 // ErrNotLive that says why not.
 func (c *GroupChecker) Live() error { return c.live(c.g.Status()) }
 
-func (c *GroupChecker) live(st elector.GroupStatus) error {
+func (c *GroupChecker) live(st group.Status) error {
 	now := c.now()
 	if st.Tenures > 0 && !st.LastRound.IsZero() {
 		if since := now.Sub(st.LastRound); since > st.RenewDeadline+c.opts.Tolerance {

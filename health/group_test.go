@@ -10,18 +10,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/health"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
-func startGroupMember(t *testing.T, dsn, group, id string, keys []leader.Key) *elector.Group {
+func startGroupMember(t *testing.T, dsn, name, id string, keys []leader.Key) *group.Group {
 	t.Helper()
-	g, err := elector.NewGroup(elector.GroupConfig{
-		Connect: elector.DSN(dsn), Group: group, Keys: keys, Identity: id, Logger: testLogger(t),
+	g, err := group.New(group.Config{
+		Connect: leader.DSN(dsn), Group: name, Keys: keys, Identity: id, Logger: testLogger(t),
 		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
-		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+		Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
 	})
 	if err != nil {
 		t.Fatal(err)

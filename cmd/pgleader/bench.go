@@ -104,7 +104,7 @@ throwaway server.
 	opts := pgtemp.Options{MaxConnections: maxConns}
 	if strings.Contains(*scen, "group") {
 		// The lock table must hold the standing group's keys twice over
-		// (see elector.LockTableError): max_locks_per_transaction ×
+		// (see group.LockTableError): max_locks_per_transaction ×
 		// max_connections.
 		perTx := max(64, (4**groupStanding+maxConns-1)/maxConns)
 		opts.Settings = append(opts.Settings, fmt.Sprintf("max_locks_per_transaction=%d", perTx))
@@ -302,7 +302,7 @@ func waitStanding(ctx context.Context, conn *pgx.Conn, key leader.Key, n int) er
 	for {
 		var got int
 		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 AND granted`,
-			uint32(lockconn.HeirClass), uint32(roster)).Scan(&got)
+			uint32(lockconn.Space), uint32(roster)).Scan(&got)
 		if err != nil {
 			return err
 		}

@@ -166,7 +166,7 @@ func (g *groupFleet) overlaps() (n int, checked int) {
 	return n, checked
 }
 
-// group measures elector.Group: a member SIGKILLed (its keys led again by
+// group measures group.Group: a member SIGKILLed (its keys led again by
 // the survivors, and the group balanced again), a member joining, and a
 // key resigned, with `keys` keys on 3 members at the default timings; then
 // the standing cost of `standing` keys on 3 members. Every tenure of the

@@ -11,12 +11,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/inspect"
 )
 
-// groupView is an elector.Group as the database shows it: its members hold
+// groupView is an group.Group as the database shows it: its members hold
 // its roster lock, and each member's session names the group and its key
-// count in pg_stat_activity (see elector.ParseGroupMarker).
+// count in pg_stat_activity (see inspect.ParseGroupMarker).
 type groupView struct {
 	Name    string        `json:"name"`
 	Keys    int           `json:"keys"`
@@ -48,7 +48,7 @@ WHERE datid = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) 
 	}
 	byName := map[string]*groupView{}
 	for _, q := range queries {
-		name, keys, ok := elector.ParseGroupMarker(q)
+		name, keys, ok := inspect.ParseGroupMarker(q)
 		if !ok {
 			continue
 		}
@@ -62,7 +62,7 @@ WHERE datid = (SELECT datid FROM pg_stat_activity WHERE pid = pg_backend_pid()) 
 	var names []string
 	var classes, objs []uint32
 	for name := range byName {
-		c, o := elector.GroupRoster(name)
+		c, o := inspect.GroupRoster(name)
 		names, classes, objs = append(names, name), append(classes, c), append(objs, o)
 	}
 	rows, err = conn.Query(ctx, `SELECT r.name, l.pid, coalesce(a.application_name, ''), coalesce(a.usename::text, ''), a.backend_start

@@ -22,6 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
+	"github.com/pgleader/pgleader/inspect"
 	"github.com/pgleader/pgleader/internal/lockconn"
 	"github.com/pgleader/pgleader/internal/proc"
 	"github.com/pgleader/pgleader/internal/testpg"
@@ -404,7 +406,7 @@ func TestStatusShowsWatchers(t *testing.T) {
 			t.Fatalf("%v: %s", err, out)
 		}
 		for _, l := range locks {
-			if strings.HasPrefix(l.Key, fmt.Sprint(uint32(lockconn.HeirClass))) {
+			if strings.HasPrefix(l.Key, fmt.Sprint(uint32(lockconn.Space))) {
 				t.Fatalf("pgleader's own lock listed: %s", out)
 			}
 		}
@@ -744,12 +746,12 @@ func TestStatusShowsGroups(t *testing.T) {
 	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
 		t.Fatal(err)
 	}
-	var groups []*elector.Group
+	var groups []*group.Group
 	done := make(chan struct{}, 2)
 	for _, id := range []string{"sg-a", "sg-b"} {
-		g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(s.DSN()), Group: "status group", Keys: keys, Identity: id,
+		g, err := group.New(group.Config{Connect: leader.DSN(s.DSN()), Group: "status group", Keys: keys, Identity: id,
 			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
-			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+			Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -816,7 +818,7 @@ func TestStatusQuotesWhatTheDatabaseSays(t *testing.T) {
 	group := "g\x1b[2J\nforged line"
 	key := leader.KeyFromName(t.Name())
 	args, vals := key.SQLArgs(1)
-	rc, ro := elector.GroupRoster(group)
+	rc, ro := inspect.GroupRoster(group)
 	classid, objid, objsubid := key.LockTag()
 	for _, q := range []struct {
 		sql  string

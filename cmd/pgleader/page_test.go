@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -61,8 +62,8 @@ func TestLivePageInBrowser(t *testing.T) {
 	for i := range 4 {
 		gkeys = append(gkeys, leader.KeyFromName(fmt.Sprintf("page-group/%d", i)))
 	}
-	g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(dsn), Group: groupName, Keys: gkeys, Identity: evil + "-g",
-		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+	g, err := group.New(group.Config{Connect: leader.DSN(dsn), Group: groupName, Keys: gkeys, Identity: evil + "-g",
+		Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
 	if err != nil {
 		t.Fatal(err)
 	}

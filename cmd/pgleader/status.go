@@ -23,9 +23,9 @@ import (
 
 // lockStatus is one advisory lock: its holder and its waiters.
 type lockStatus struct {
-	Key     string          `json:"key"`
-	Name    string          `json:"name,omitempty"`
-	Holder  *sessionStatus  `json:"holder"`
+	Key    string         `json:"key"`
+	Name   string         `json:"name,omitempty"`
+	Holder *sessionStatus `json:"holder"`
 	// Sharers hold the lock in share mode: no leader, but nobody can
 	// take it exclusively while they do.
 	Sharers []sessionStatus `json:"sharers,omitempty"`
@@ -36,7 +36,7 @@ type lockStatus struct {
 	Term     int64           `json:"term,omitempty"`
 	// LastHandover: the newest term's start, from the history table.
 	LastHandover *handover `json:"last_handover,omitempty"`
-	// Group names the elector.Group whose member holds the key.
+	// Group names the group.Group whose member holds the key.
 	Group string   `json:"group,omitempty"`
 	order [3]int64 // key space, then the key's value(s): numeric order
 }
@@ -247,7 +247,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			return nil, err
 		}
 		s.PID, s.started = uint32(pid), start
-		if int32(classid) == lockconn.HeirClass && objsubid == 2 {
+		if int32(classid) == lockconn.Space && objsubid == 2 {
 			// A roster or an heir slot: pgleader's own bookkeeping, shown
 			// with the key it belongs to below.
 			if !granted || mode != "ShareLock" {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgleader/pgleader/contrib/promleader"
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -28,14 +29,14 @@ func Example() {
 	// Output: true <nil>
 }
 
-// Metrics for an elector.Group: the collector reads the group's Status at
+// Metrics for an group.Group: the collector reads the group's Status at
 // each scrape, so a group of any size costs a few series.
 func ExampleNewGroupCollector() {
-	g, err := elector.NewGroup(elector.GroupConfig{
-		Connect:   elector.DSN("postgres://app@db.internal/app"),
+	g, err := group.New(group.Config{
+		Connect:   leader.DSN("postgres://app@db.internal/app"),
 		Group:     "tenant-schedulers",
 		Keys:      []leader.Key{leader.KeyFromName("scheduler/acme"), leader.KeyFromName("scheduler/globex")},
-		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+		Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
 	})
 	if err != nil {
 		panic(err)

@@ -3,11 +3,11 @@ package promleader
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
 )
 
-// GroupCollector is a prometheus.Collector for elector.Groups: it reads
+// GroupCollector is a prometheus.Collector for group.Groups: it reads
 // each group's Status at every scrape, so a group of any size costs a
 // handful of series, not a set per key.
 //
@@ -20,7 +20,7 @@ import (
 //	pgleader_group_demotions_total{group,reason}      counter, tenures ended; reason as leader.ReasonLabel
 //	pgleader_group_last_round_timestamp_seconds{group} gauge, Unix time of the last full round
 type GroupCollector struct {
-	groups []*elector.Group
+	groups []*group.Group
 
 	members, keys, owned, connected, lastRound *prometheus.Desc
 	rounds, elections, demotions               *prometheus.Desc
@@ -28,7 +28,7 @@ type GroupCollector struct {
 
 // NewGroupCollector returns a collector for groups; register it with
 // reg.MustRegister or reg.Register.
-func NewGroupCollector(groups ...*elector.Group) *GroupCollector {
+func NewGroupCollector(groups ...*group.Group) *GroupCollector {
 	l := []string{"group"}
 	return &GroupCollector{groups: groups,
 		members:   prometheus.NewDesc("pgleader_group_members", "Members of the group in the last full round.", l, nil),

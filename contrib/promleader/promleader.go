@@ -5,7 +5,7 @@
 //	metrics, err := promleader.NewMetrics(prometheus.DefaultRegisterer)
 //	e, err := elector.New(elector.Config{..., Observer: metrics})
 //
-// An elector.Group has a collector of its own, with a few series per group
+// An group.Group has a collector of its own, with a few series per group
 // rather than a set per key:
 //
 //	prometheus.MustRegister(promleader.NewGroupCollector(g))

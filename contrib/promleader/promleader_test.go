@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgleader/pgleader/contrib/promleader"
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -194,10 +195,10 @@ func TestGroupCollector(t *testing.T) {
 	for i := range 6 {
 		keys = append(keys, leader.KeyFromName(fmt.Sprintf("group-metrics/%d", i)))
 	}
-	start := func(id string) *elector.Group {
-		g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(s.DSN()), Group: "group-metrics", Keys: keys, Identity: id,
+	start := func(id string) *group.Group {
+		g, err := group.New(group.Config{Connect: leader.DSN(s.DSN()), Group: "group-metrics", Keys: keys, Identity: id,
 			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
-			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
+			Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,5 +1,5 @@
 // Command tenant-schedulers runs one scheduler per tenant across three
-// replicas with an elector.Group: each replica leads its share of the
+// replicas with an group.Group: each replica leads its share of the
 // tenants on one connection; when a replica stops, its tenants move to the
 // others, and when it comes back it takes its share again.
 //
@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
 	"github.com/pgleader/pgleader/pgleadertest"
 )
@@ -45,7 +45,7 @@ func main() {
 var tenants = []string{"acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "tyrell", "cyberdyne", "wonka", "soylent", "oscorp"}
 
 type replica struct {
-	g      *elector.Group
+	g      *group.Group
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -87,13 +87,13 @@ func run(ctx context.Context, out io.Writer) error {
 		keys = append(keys, leader.KeyFromName("tenant-scheduler/"+t))
 	}
 	start := func(id string) (*replica, error) {
-		g, err := elector.NewGroup(elector.GroupConfig{
-			Connect:  elector.DSN(dsn),
+		g, err := group.New(group.Config{
+			Connect:  leader.DSN(dsn),
 			Group:    "tenant-schedulers",
 			Keys:     keys,
 			Identity: id,
-			Fencing:  elector.Fencing{Enabled: true}, // a term per tenant
-			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+			Fencing:  group.Fencing{Enabled: true}, // a term per tenant
+			Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
 				// The tenant's scheduler runs here until the key is handed
 				// over (ctx ends): a tick every 200ms, each one fenced.
 				t := time.NewTicker(200 * time.Millisecond)

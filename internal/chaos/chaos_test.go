@@ -48,7 +48,7 @@ func TestChaos(t *testing.T) {
 }
 
 // TestChaosGroup runs the same schedule against the members of one
-// elector.Group with 100 keys, and checks every invariant per key: safety,
+// group.Group with 100 keys, and checks every invariant per key: safety,
 // fencing terms and fenced writes, callback pairs, slow drains, the
 // standby; liveness means every key led again.
 func TestChaosGroup(t *testing.T) {

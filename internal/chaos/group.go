@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 
-// RoleGroup is a member of an elector.Group (Config.Group);
+// RoleGroup is a member of an group.Group (Config.Group);
 // RoleGroupBroken is a broken one, which the checker must catch.
 const (
 	RoleGroup       = "chaos-group"
@@ -44,20 +44,20 @@ type groupTenure struct {
 // OnElected of the member keeps working D after its context ends) and
 // "resign" (one key).
 func groupMain(ctx context.Context, em *testpg.Emitter, dsn, id string, drain *atomic.Int64, resign *atomic.Pointer[func()]) int {
-	group := os.Getenv("CHAOS_KEY")
+	name := os.Getenv("CHAOS_KEY")
 	n, _ := strconv.Atoi(os.Getenv("CHAOS_KEYS"))
 	var keys []leader.Key
 	for i := range n {
-		keys = append(keys, leader.KeyFromName(groupKeyName(group, i)))
+		keys = append(keys, leader.KeyFromName(groupKeyName(name, i)))
 	}
 	var mu sync.Mutex
 	active := map[string]*groupTenure{}
 	drained := map[string]time.Duration{} // keys resigned with a slow drain
-	g, err := elector.NewGroup(elector.GroupConfig{
-		Connect: elector.DSN(dsn), Group: group, Keys: keys, Identity: id,
+	g, err := group.New(group.Config{
+		Connect: leader.DSN(dsn), Group: name, Keys: keys, Identity: id,
 		RenewInterval: Interval, RenewDeadline: Deadline, LeaseDuration: Lease, ReleaseTimeout: ReleaseTimeout,
-		Fencing: elector.Fencing{Enabled: true},
-		Callbacks: elector.Callbacks{
+		Fencing: group.Fencing{Enabled: true},
+		Callbacks: group.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				name := l.Key.Name()
 				t := &groupTenure{l: l}

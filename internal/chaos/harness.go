@@ -33,7 +33,7 @@ type Config struct {
 	Broken   int      // broken electors (no checks), to prove the checker fails
 	Faults   []string // fault types to draw from (default AllFaults)
 	Failover bool     // promote the standby once, about 70% into the run
-	// Group runs the electors as members of one elector.Group with Keys
+	// Group runs the electors as members of one group.Group with Keys
 	// keys (default 100): the same faults, every check per key, and
 	// liveness means every key led.
 	Group bool

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/inspect"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -156,7 +156,7 @@ func (h *harness) forged(rng *rand.Rand, pick func() string) (channel, payload s
 			return "pgleader.reserve." + tag, pick()
 		}
 	}
-	_, roster := elector.GroupRoster(h.key)
+	_, roster := inspect.GroupRoster(h.key)
 	channel = fmt.Sprintf("pgleader.group.%d", roster)
 	if rng.Intn(2) == 0 {
 		channel += "." + strconv.FormatUint(uint64(uint32(memberLockOf(h.key, pick()))), 10)
@@ -193,7 +193,7 @@ func (h *harness) squat(conn *pgx.Conn, rng *rand.Rand, stop <-chan struct{}) er
 	var objs []int32
 	var shared []int32
 	if h.cfg.Group {
-		_, roster := elector.GroupRoster(h.key)
+		_, roster := inspect.GroupRoster(h.key)
 		shared = append(shared, int32(roster))
 		h.mu.Lock()
 		next := fmt.Sprintf("chaos-%d", h.seq+1)

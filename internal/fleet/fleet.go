@@ -44,7 +44,7 @@ type Options struct {
 	// pg_advisory_lock, reports "elected" when it returns, and unlocks on
 	// "resign". The bench's reference for the speed of a lock grant.
 	Bare bool
-	// Keys > 0 runs a member of the elector.Group named Key, with Keys
+	// Keys > 0 runs a member of the group.Group named Key, with Keys
 	// keys (see GroupKeys); SingleConnection turns its crash watch off.
 	Keys             int
 	SingleConnection bool

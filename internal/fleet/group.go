@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -27,12 +27,12 @@ func GroupKeyName(group string, i int) string { return fmt.Sprintf("%s/%d", grou
 // "demoted", with the key's name in Data; "resign" resigns one key it
 // leads, after a "resigning" event.
 func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) error {
-	g, err := elector.NewGroup(elector.GroupConfig{
-		Connect:  elector.DSN(o.DSN),
+	g, err := group.New(group.Config{
+		Connect:  leader.DSN(o.DSN),
 		Group:    o.Key,
 		Keys:     GroupKeys(o),
 		Identity: o.ID,
-		Callbacks: elector.Callbacks{
+		Callbacks: group.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				em.Emit(Event{Ev: "elected", Identity: o.ID, Term: l.Term, Data: l.Key.Name()})
 				<-ctx.Done()
@@ -43,7 +43,7 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 			},
 		},
 		RenewInterval: o.Interval, RenewDeadline: o.Deadline, LeaseDuration: o.Lease,
-		Fencing:          elector.Fencing{Enabled: o.Fencing},
+		Fencing:          group.Fencing{Enabled: o.Fencing},
 		SingleConnection: o.SingleConnection,
 	})
 	if err != nil {

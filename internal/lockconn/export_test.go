@@ -15,10 +15,10 @@ func UnsafeLease(conn *pgx.Conn) *Lease {
 
 // TakeSlot makes the session t's heir on slot i, as a poll would.
 func (l *Lease) TakeSlot(t *Target, i int) error {
-	if _, err := l.conn.Exec(context.Background(), "SELECT pg_advisory_lock($1::int4, $2::int4)", HeirClass, t.quiet.slots[i]); err != nil {
+	if _, err := l.conn.Exec(context.Background(), "SELECT pg_advisory_lock($1::int4, $2::int4)", Space, l.f.slots[i]); err != nil {
 		return err
 	}
-	t.quiet.heir = i
+	l.f.heir = i
 	return nil
 }
 

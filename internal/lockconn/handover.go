@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,7 +19,7 @@ import (
 //
 // A handover to a named candidate reserves the lock for it: the leader
 // takes the key's gate lock and the candidate's name lock (both in
-// HeirClass's space) and announces the reservation on the key's reserve
+// Space's space) and announces the reservation on the key's reserve
 // channel, before it steps down, and releases both once the named
 // candidate holds the lock or a bound has passed. The followers believe
 // the announcement only from the pid a lookup proved the leader's: the
@@ -48,17 +47,6 @@ func (t *Target) ReserveChannel() string {
 // request of the backend pid.
 func ReplyChannel(pid uint32) string { return fmt.Sprintf("pgleader.reply.%d", pid) }
 
-// Gate is the second half of t's gate lock (see Lease.Reserve).
-func (t *Target) Gate() int32 { return t.Roster() - 1 }
-
-// NameLock is the second half of the lock that reserves t for the
-// candidate named identity.
-func (t *Target) NameLock(identity string) int32 {
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%d.%d.%d|%s", t.ClassID, t.ObjID, t.ObjSubID, identity)
-	return int32(h.Sum32())
-}
-
 // Request is a resign request a leader read: the asker's backend pid, and
 // the identity it named ("" for any candidate).
 type Request struct {
@@ -73,9 +61,7 @@ func (l *Lease) Requester(ctx context.Context, pid uint32, roles []string) (role
 	if roles == nil {
 		roles = []string{}
 	}
-	err = l.conn.QueryRow(ctx, `SELECT r.rolname::text, r.rolsuper OR pg_has_role(r.oid, session_user, 'MEMBER')
-    OR EXISTS (SELECT FROM pg_roles g WHERE g.rolname = ANY($2::text[]) AND pg_has_role(r.oid, g.oid, 'MEMBER'))
-  FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid WHERE a.pid = $1`, int32(pid), roles).Scan(&role, &allowed)
+	err = l.conn.QueryRow(ctx, statement("handover", "requester"), int32(pid), roles).Scan(&role, &allowed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", false, false, nil
 	}
@@ -87,7 +73,7 @@ func (l *Lease) Requester(ctx context.Context, pid uint32, roles []string) (role
 
 // Reply answers the resign request of the backend pid.
 func (l *Lease) Reply(ctx context.Context, pid uint32, msg string) error {
-	_, err := l.conn.Exec(ctx, `SELECT pg_notify($1, $2)`, ReplyChannel(pid), msg)
+	_, err := l.conn.Exec(ctx, statement("handover", "reply"), ReplyChannel(pid), msg)
 	return err
 }
 
@@ -100,19 +86,10 @@ func (l *Lease) Standing(ctx context.Context, t *Target, identity string) (bool,
 // Standing is Lease.Standing on any connection.
 func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (bool, error) {
 	var ok bool
-	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
-  WHERE l.locktype = 'advisory' AND a.application_name = $1 AND l.pid <> pg_backend_pid()
-    AND ((l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = 2 AND l.granted)
-      OR (l.classid = $4::oid AND l.objid = $5::oid AND l.objsubid = $6::int2 AND NOT l.granted)))`,
-		identity, uint32(HeirClass), uint32(t.Roster()), t.ClassID, t.ObjID, t.ObjSubID).Scan(&ok)
+	err := conn.QueryRow(ctx, statement("handover", "standing"),
+		identity, uint32(Space), uint32(t.Roster()), t.ClassID, t.ObjID, t.ObjSubID).Scan(&ok)
 	return ok, err
 }
-
-// reserveSQL takes the gate and the name lock, and announces the
-// reservation only when it has both (an InitPlan in the CASE's THEN
-// branch, run only when that branch is taken).
-const reserveSQL = `SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END
-FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n) s`
 
 // Reserve reserves t's lock for the candidate named to, before this
 // session (its leader) steps down: it takes t's gate and to's name lock and
@@ -122,7 +99,7 @@ FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n) s`
 func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.Duration) error {
 	var gate, name bool
 	for i := 0; ; i++ {
-		err := l.conn.QueryRow(ctx, reserveSQL, HeirClass, t.Gate(), t.NameLock(to), t.ReserveChannel(), to).Scan(&gate, &name, new(bool))
+		err := l.conn.QueryRow(ctx, statement("handover", "reserve"), Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to).Scan(&gate, &name, new(bool))
 		if err != nil {
 			return err
 		}
@@ -142,8 +119,7 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 	deadline := time.Now().Add(within)
 	for {
 		var queued bool
-		err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
-  WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = $4::int2 AND NOT l.granted AND a.application_name = $1)`,
+		err := l.conn.QueryRow(ctx, statement("handover", "queued"),
 			to, t.ClassID, t.ObjID, t.ObjSubID).Scan(&queued)
 		if err == nil && !queued && time.Now().After(deadline) {
 			err = fmt.Errorf("%s did not queue for the lock within %s", to, within)
@@ -182,8 +158,8 @@ func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time
 }
 
 func (l *Lease) release(ctx context.Context, t *Target, to string, gate, name bool) error {
-	_, err := l.conn.Exec(ctx, `SELECT CASE WHEN $4 THEN pg_advisory_unlock($1, $2) END, CASE WHEN $5 THEN pg_advisory_unlock($1, $3) END`,
-		HeirClass, t.Gate(), t.NameLock(to), gate, name)
+	_, err := l.conn.Exec(ctx, statement("handover", "release"),
+		Space, t.Gate(), t.NameLock(to), gate, name)
 	return err
 }
 

@@ -56,8 +56,7 @@ type Target struct {
 	unlockSQL                            string // a quiet session's unlock
 	bumpSQL                              string // "" without fencing
 	bumpArgs                             []any
-	quiet                                *quietState // the quiet campaign on the current session; see Lease.Watch
-	mark                                 string      // NameMarker of the key
+	mark                                 string // NameMarker of the key
 }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
@@ -129,10 +128,13 @@ type Round struct {
 type Lease struct {
 	conn       *pgx.Conn
 	sess       Session
-	quietTried bool
-	quiet      bool // the quiet round's function exists in this session
-	listening  bool // for resign requests (see Announce)
-	identity   string
+	funcsTried bool
+	funcs      bool // the quiet functions exist in this session
+	// f is the quiet campaign on this session (nil: the plain round); see
+	// Watch.
+	f         *follower
+	listening bool // for resign requests (see Announce)
+	identity  string
 }
 
 // Open configures conn as a lock session (see Setup) and returns its Lease,
@@ -174,7 +176,7 @@ func (l *Lease) Conn() *pgx.Conn { return l.conn }
 // a lock the backend already holds and never takes one on a standby
 // (ErrStandby). A lock_timeout is not an error: it reads as Busy.
 func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error) {
-	if t.quiet != nil && !try {
+	if l.f != nil && !try {
 		return l.quietCampaign(ctx, t)
 	}
 	b := &pgx.Batch{}
@@ -329,7 +331,7 @@ func (l *Lease) Renew(ctx context.Context, t *Target) error {
 // again; any other session sends them unnamed, which a transaction pooler
 // cannot break.
 func (l *Lease) mode() pgx.QueryExecMode {
-	if l.quiet {
+	if l.funcs {
 		return pgx.QueryExecModeCacheStatement
 	}
 	return pgx.QueryExecModeExec
@@ -376,7 +378,7 @@ func (l *Lease) Unlock(ctx context.Context, t *Target) error {
 }
 
 func (l *Lease) unlock(ctx context.Context, t *Target) error {
-	if t.quiet == nil || t.quiet.Lease <= 0 || t.quiet.heir >= 0 {
+	if l.f == nil || l.f.Lease <= 0 || l.f.heir >= 0 {
 		return Unlock(ctx, l.conn, t.Tag)
 	}
 	var ok bool

@@ -528,7 +528,7 @@ func TestQuietHeirsAndWatchers(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=2 AND mode='ShareLock' AND granted`,
-		uint32(lockconn.HeirClass), uint32(ms[0].t.Roster())); n != 5 {
+		uint32(lockconn.Space), uint32(ms[0].t.Roster())); n != 5 {
 		t.Fatalf("roster: %d sessions, want 5", n)
 	}
 	if err := ms[0].ls.Unlock(ctx, ms[0].t); err != nil {
@@ -627,7 +627,7 @@ func TestReservationIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stuck.Close(context.Background())
-	if _, err := stuck.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.HeirClass, target.Gate()); err != nil {
+	if _, err := stuck.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.Space, target.Gate()); err != nil {
 		t.Fatal(err)
 	}
 	began, gaveBack := time.Now(), 0

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +23,7 @@ import (
 //   - Heirs, at most Quiet.Heirs of them, queue on the lock itself, so that
 //     a release or a crash hands it over at once, as before. A follower is
 //     an heir while it holds one of the key's heir slots: advisory locks in
-//     a space of pgleader's own (classid HeirClass), taken with
+//     a space of pgleader's own (classid Space), taken with
 //     pg_try_advisory_lock, which never waits. An heir's round is
 //     pgleader_wait below: a lock wait kept under deadlock_timeout that
 //     catches lock_not_available, which the server does not log.
@@ -80,112 +78,19 @@ import (
 // the lock, looks the holder up in pg_locks, and ends its rounds in a
 // lock_timeout error the server logs.
 
-// HeirClass is the first half (pg_locks' classid) of the advisory pair keys
-// pgleader uses for a key's roster and heir slots: "pgLH". An application
-// that takes pair keys with this first half may delay elections (a slot it
-// holds is a slot no follower can take) but never breaks their safety.
-const HeirClass int32 = 0x70674C48
+// quietFuncs creates the quiet functions (sql/quiet.sql).
+var quietFuncs = statement("quiet", "functions")
 
-// quietTemplate is the functions' SQL for both key spaces; K stands for
-// the key's arguments, P for its parameters, MINE for "this backend holds
-// the lock", GUARD for guardSQL.
-const quietTemplate = `
-CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(P, c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4, gate int4, me int4) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
-DECLARE
-  won int := 1;
-BEGIN
-  GUARD
-  IF MINE THEN
-    won := 3;
-  ELSE
-    BEGIN
-      PERFORM set_config('lock_timeout', wait_ms::text, true);
-      PERFORM pg_advisory_lock(K);
-    EXCEPTION WHEN lock_not_available THEN
-      IF NOT (MINE) THEN
-        RETURN 0;
-      END IF;
-    END;
-  END IF;
-  RESERVED
-  IF heir IS NOT NULL THEN
-    PERFORM pg_advisory_unlock(HEIRCLASS, heir);
-  END IF;
-  RETURN won;
-END $f$;
-CREATE OR REPLACE FUNCTION pg_temp.pgleader_poll(P, c oid, o oid, s int2, pid int4, tok text, slots int4[], lease_ms int, gate int4, me int4) RETURNS int
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
-BEGIN
-  GUARD
-  IF pg_try_advisory_lock_shared(K) AND pg_advisory_unlock_shared(K) THEN
-    IF MINE THEN
-      RETURN 3;
-    ELSIF pg_try_advisory_lock(K) THEN
-      RESERVED
-      IF lease_ms IS NOT NULL THEN
-        PERFORM set_config('idle_session_timeout', lease_ms::text, false);
-      END IF;
-      RETURN 1;
-    END IF;
-  END IF;
-  FOR i IN 1 .. coalesce(array_length(slots, 1), 0) LOOP
-    IF pg_try_advisory_lock(HEIRCLASS, slots[i]) THEN
-      IF lease_ms IS NOT NULL THEN
-        PERFORM set_config('idle_session_timeout', lease_ms::text, false);
-      END IF;
-      RETURN 9 + i;
-    END IF;
-  END LOOP;
-  RETURN 0;
-END $f$;`
-
-// reservedSQL gives a lock just won back when a handover reserves it for
-// another candidate (see Lease.Reserve): 6. Any role can take any advisory
-// lock, the gate included, so the gate binds only as far as the server
-// proves it, at the moment of the win: it must be held exclusively by a
-// session of this session's own login role (the fleet's; pg_locks and
-// pg_stat_activity are read only when the gate is held and this session
-// won: a handover, or an attack); gate is NULL once this session has given
-// won locks back for longer than ReservationBinds, until a new leader; and
-// this session's name lock must not be held (it is not the candidate
-// named). The check cannot rest on what the session knew when its round
-// began: an heir's wait may have begun before the leader it hands over
-// from was elected.
-const reservedSQL = `IF gate IS NOT NULL
-    AND NOT (pg_try_advisory_lock_shared(HEIRCLASS, gate) AND pg_advisory_unlock_shared(HEIRCLASS, gate))
-    AND (pg_try_advisory_lock_shared(HEIRCLASS, me) AND pg_advisory_unlock_shared(HEIRCLASS, me))
-    AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = HEIRCLASS
-      AND l.objid = (gate::int8 & 4294967295)::oid AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock'
-      AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid()))) THEN
-    PERFORM pg_advisory_unlock(K);
-    RETURN 6;
-  END IF;`
-
-// guardSQL opens both functions: a standby gets 4 (ErrStandby), and a
-// backend other than the session's own, or without its token, gets 5
-// (ErrTransactionPooling), before anything is locked.
-const guardSQL = `IF pg_is_in_recovery() THEN
-    RETURN 4;
-  END IF;
-  IF pg_backend_pid() <> pid OR current_setting('pgleader.owner', true) IS DISTINCT FROM tok THEN
-    RETURN 5;
-  END IF;`
-
-const mineTemplate = `(pg_try_advisory_lock_shared(K) AND pg_advisory_unlock_shared(K)) AND EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory'
-      AND l.classid = c AND l.objid = o AND l.objsubid = s AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid())`
-
-// quietFuncs creates both functions for both key spaces.
-var quietFuncs = func() string {
-	var sb strings.Builder
-	for _, space := range [][2]string{{"k int8", "k"}, {"a int4, b int4", "a, b"}} {
-		mine := strings.ReplaceAll(mineTemplate, "(K)", "("+space[1]+")")
-		tmpl := strings.NewReplacer("GUARD", guardSQL, "RESERVED", reservedSQL).Replace(quietTemplate)
-		sb.WriteString(strings.NewReplacer("P,", space[0]+",", "(K)", "("+space[1]+")", "MINE", mine,
-			"HEIRCLASS", fmt.Sprint(HeirClass)).Replace(tmpl))
-	}
-	return sb.String()
-}()
+// The quiet functions' answers.
+const (
+	codeBusy     = 0  // the lock is held by another session
+	codeWon      = 1  // this round took the lock
+	codeHeld     = 3  // held by this backend before the round
+	codeStandby  = 4  // the server is in recovery
+	codeForeign  = 5  // another backend, or this one without the session's token
+	codeReserved = 6  // won, and given back to a reservation
+	codeSlot     = 10 // codeSlot+i: heir slot i is now this session's
+)
 
 // DefaultHeirs is the elector's number of heirs per key.
 const DefaultHeirs = 2
@@ -224,83 +129,27 @@ func (t *Target) Channel() string {
 	return fmt.Sprintf("pgleader.%d.%d.%d", t.ClassID, t.ObjID, t.ObjSubID)
 }
 
-// Roster is the pair key's second half of t's roster lock, which every
-// quiet candidate holds in share mode; slot i of t's heir slots is
-// Roster()+1+i.
-func (t *Target) Roster() int32 {
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%d.%d.%d", t.ClassID, t.ObjID, t.ObjSubID)
-	return int32(h.Sum32())
-}
+// The calls of a round: the key as pg_locks shows it, the session's pid
+// and token, then the round's own arguments.
+const (
+	waitCall = "SELECT pg_temp.pgleader_wait($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4, $7::int4, $8::int4, $9::int4)"
+	pollCall = "SELECT pg_temp.pgleader_poll($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4[], $7::int4, $8::int4, $9::int4)"
+)
 
-// quietState is a Target's quiet campaign on its current session.
-type quietState struct {
-	Quiet
-	waitSQL, pollSQL string
-	slots            []int32
-	heir             int // the heir slot this session holds, or -1
-	nextPoll         time.Time
-	// namedUntil: the leader reserved the lock for this session (see
-	// handover.go), so it queues on the lock until then, slot or not.
-	namedUntil time.Time
-	// pauseUntil: the lock this session won was reserved for another
-	// candidate; it waits before queueing again.
-	pauseUntil time.Time
-	gate, me   int32 // the key's gate lock and this session's name lock
-
-	// What the server proved of the holder, by a lookup in pg_locks (an
-	// announcement only triggers one): its backend pid (0: unknown, or
-	// nobody) and identity.
-	leaderPID int32
-	leader    string
-	// verify: a notification says the leader may have changed; the lookup
-	// runs at verifyAt at the earliest. A lookup that finds the holder it
-	// knew (the notification was false) doubles verifyGap, up to eight
-	// times VerifyEvery; one that finds a new holder resets it. A flood of
-	// forged notifications thus costs each follower a lookup every 2 s.
-	verify                       bool
-	verifyAt, lastLookup, hintAt time.Time
-	verifyGap                    time.Duration
-	// heard: a reservation announced by a pid not yet proven the
-	// leader's, kept until a lookup proves or disproves it.
-	heard reservation
-	// gateSince: since when this session gives won locks back to the
-	// leader's gate; gateOff: no longer (past ReservationBinds), until a
-	// new leader.
-	gateSince time.Time
-	gateOff   bool
-}
-
-// reservation is a reservation announcement.
-type reservation struct {
-	pid uint32
-	to  string
-	at  time.Time
-}
-
-// VerifyEvery is Quiet.VerifyEvery's default, and Observe's.
-const VerifyEvery = 250 * time.Millisecond
-
-// prepareQuiet builds t's quiet SQL for the session sess.
-func (t *Target) prepareQuiet(q Quiet, identity string) {
-	n := len(t.Vals) + 1
-	common := fmt.Sprintf("%s, %d::oid, %d::oid, %d::int2, $%d::int4, $%d::text", t.Args, t.ClassID, t.ObjID, t.ObjSubID, n, n+1)
+// newFollower is the quiet campaign for t of the candidate identity.
+func newFollower(t *Target, q Quiet, identity string) *follower {
 	if q.VerifyEvery <= 0 {
 		q.VerifyEvery = VerifyEvery
 	}
-	st := &quietState{Quiet: q, heir: -1, verifyGap: q.VerifyEvery,
-		waitSQL: t.mark + fmt.Sprintf("SELECT pg_temp.pgleader_wait(%s, $%d::int4, $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
-		pollSQL: t.mark + fmt.Sprintf("SELECT pg_temp.pgleader_poll(%s, $%d::int4[], $%d::int4, $%d::int4, $%d::int4)", common, n+2, n+3, n+4, n+5),
+	if q.Slack <= 0 {
+		q.Slack = defaultSlack
 	}
-	if st.Slack <= 0 {
-		st.Slack = 2 * time.Second
-	}
-	r := t.Roster()
+	f := &follower{Quiet: q, heir: -1, verifyGap: q.VerifyEvery, waitSQL: t.mark + waitCall, pollSQL: t.mark + pollCall,
+		gate: t.Gate(), me: t.NameLock(identity)}
 	for i := range q.Heirs {
-		st.slots = append(st.slots, r+1+int32(i))
+		f.slots = append(f.slots, t.Slot(i))
 	}
-	st.gate, st.me = t.Gate(), t.NameLock(identity)
-	t.quiet = st
+	return f
 }
 
 // Watch prepares the session to campaign quietly for t: it creates the
@@ -315,142 +164,108 @@ func (t *Target) prepareQuiet(q Quiet, identity string) {
 // a leader does, from its first renew (Announce) to its unlock.
 func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, holder string, err error) {
 	join := "LISTEN " + pgx.Identifier{t.Channel()}.Sanitize() + ";\nLISTEN " + pgx.Identifier{t.ReserveChannel()}.Sanitize() +
-		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d)", HeirClass, t.Roster())
+		fmt.Sprintf(";\nSELECT pg_try_advisory_lock_shared(%d, %d)", Space, t.Roster())
 	if q.Lease > 0 && q.Wait > 0 {
 		join += ", set_config('idle_session_timeout', '0', false)" // a watcher holds no lock
 	}
-	t.quiet = nil
+	l.f = nil
 	switch {
-	case !l.quietTried:
+	case !l.funcsTried:
 		// One implicit transaction: when the functions cannot be created,
 		// the LISTEN is rolled back with them (the roster lock is a session
 		// lock and stays, which is harmless).
-		l.quietTried = true
+		l.funcsTried = true
 		_, qerr := l.conn.Exec(ctx, quietFuncs+"\n"+join, pgx.QueryExecModeSimpleProtocol)
 		if qerr != nil && ctx.Err() != nil {
 			return false, "", qerr
 		}
-		l.quiet = qerr == nil
-	case l.quiet:
+		l.funcs = qerr == nil
+	case l.funcs:
 		if _, err := l.conn.Exec(ctx, join, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return false, "", err
 		}
 	}
-	if l.quiet && q.Wait > 0 {
-		t.prepareQuiet(q, l.identity)
+	if l.funcs && q.Wait > 0 {
+		l.f = newFollower(t, q, l.identity)
 	}
 	holder, pid, _, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
 	if err != nil {
 		return false, "", err
 	}
-	if t.quiet != nil {
-		t.quiet.leaderPID, t.quiet.leader = pid, holder
+	if l.f != nil {
+		l.f.leaderPID, l.f.leader = pid, holder
 	}
-	return t.quiet != nil, holder, nil
+	return l.f != nil, holder, nil
 }
 
 // quietCampaign runs one quiet round: an heir's lock wait, or a watcher's
 // wait for a notification or its next poll; or, when a notification said
-// the leader changed, a holder lookup (see quietState.verify).
+// the leader changed, a holder lookup (see follower.verify).
 func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
-	q := t.quiet
-	var sql string
-	var args []any
-	if time.Now().Before(q.pauseUntil) {
-		if verify, err := l.watch(ctx, t, &q.pauseUntil); verify || err != nil {
-			return l.lookup(ctx, t, err)
+	f := l.f
+	for {
+		switch f.next(time.Now()) {
+		case stepLookup:
+			return l.lookup(ctx, t, nil)
+		case stepPause:
+			if verify, err := l.watch(ctx, t, &f.pauseUntil); verify || err != nil {
+				return l.lookup(ctx, t, err)
+			}
+			continue
+		case stepWatch:
+			if verify, err := l.watch(ctx, t, &f.nextPoll); verify || err != nil {
+				return l.lookup(ctx, t, err)
+			}
+			continue
 		}
+		break
 	}
-	waiting := q.heir >= 0 || time.Now().Before(q.namedUntil)
-	if waiting && q.verify && !time.Now().Before(q.verifyAt) {
-		return l.lookup(ctx, t, nil)
-	}
-	if !waiting {
-		if verify, err := l.watch(ctx, t, &q.nextPoll); verify || err != nil {
-			return l.lookup(ctx, t, err)
-		}
-		waiting = time.Now().Before(q.namedUntil)
-	}
-	var gate *int32
-	if !q.gateOff {
-		gate = &q.gate
-	}
-	if waiting {
-		sql = q.waitSQL
-		var slot *int32
-		if q.heir >= 0 {
-			slot = &q.slots[q.heir]
-		}
-		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, int32(max(1, q.Wait.Milliseconds())), slot, gate, q.me)
-	} else {
-		sql = q.pollSQL
-		var lease *int32
-		if q.Lease > 0 {
-			ms := int32(q.Lease.Milliseconds())
-			lease = &ms
-		}
-		args = append(append(append(args, l.mode()), t.Vals...), int32(l.sess.PID), l.sess.Token, q.slots, lease, gate, q.me)
-		q.nextPoll = time.Now().Add(q.Poll*3/4 + rand.N(q.Poll/4+1))
-	}
-	var code int32
 	sent := time.Now()
+	waiting := f.waiting(sent)
+	code, err := l.runRound(ctx, t, waiting)
+	if err != nil {
+		return Round{}, err
+	}
+	l.notified(t)
+	return f.took(code, sent, l.sess.PID)
+}
+
+// runRound calls the heir's wait or the watcher's poll, and returns its
+// answer. An heir's wait is not cancelled by ctx (the server would log the
+// cancel as an ERROR with its statement): it ends by itself within Wait,
+// and only its client-side deadline, Wait plus Slack (a silent network),
+// interrupts it.
+func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, error) {
+	f := l.f
+	var gate *int32
+	if !f.gateOff {
+		gate = &f.gate
+	}
+	sql, args := f.pollSQL, []any{l.mode(), t.ClassID, t.ObjID, t.ObjSubID, int32(l.sess.PID), l.sess.Token, f.slots, f.lease(), gate, f.me}
 	if waiting {
-		// Stopping does not cancel an heir's lock wait: the server would
-		// log the cancel as an ERROR with its statement. The wait ends by
-		// itself within Wait; only the client-side deadline, Wait plus
-		// Slack (a silent network), still interrupts it.
-		dl := sent.Add(q.Wait + q.Slack)
+		var slot *int32
+		if f.heir >= 0 {
+			slot = &f.slots[f.heir]
+		}
+		sql, args = f.waitSQL, []any{l.mode(), t.ClassID, t.ObjID, t.ObjSubID, int32(l.sess.PID), l.sess.Token, int32(max(1, f.Wait.Milliseconds())), slot, gate, f.me}
+		dl := time.Now().Add(f.Wait + f.Slack)
 		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 			dl = d
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
 		defer cancel()
+	} else {
+		f.nextPoll = time.Now().Add(f.Poll*3/4 + rand.N(f.Poll/4+1))
 	}
+	var code int32
 	if err := l.conn.QueryRow(ctx, sql, args...).Scan(&code); err != nil {
 		if waiting && ctx.Err() == context.DeadlineExceeded {
-			return Round{}, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, q.Wait, q.Slack, err)
+			return 0, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, f.Wait, f.Slack, err)
 		}
-		return Round{}, Pooling(err)
+		return 0, Pooling(err)
 	}
-	l.notified(t)
-	rd := Round{Sent: sent}
-	switch code {
-	case 1:
-		rd.Held, rd.Proven = true, true
-	case 3:
-		rd.Held, rd.Already, rd.Proven = true, true, true
-	case 4:
-		return rd, ErrStandby
-	case 5:
-		return rd, fmt.Errorf("%w: the session's function ran on a backend other than the session's own (pid %d) or without its token", ErrTransactionPooling, l.sess.PID)
-	case 0:
-		rd.Busy = true
-	case 6:
-		// Won, and given back: a handover reserves the lock for another
-		// candidate. Wait a little rather than win it again at once, and no
-		// longer than ReservationBinds in all.
-		rd.Busy = true
-		now := time.Now()
-		q.pauseUntil = now.Add(50 * time.Millisecond)
-		if q.gateSince.IsZero() {
-			q.gateSince = now
-		} else if now.Sub(q.gateSince) > reservationBinds {
-			q.gateOff = true
-		}
-	default:
-		if i := int(code) - 10; i >= 0 && i < len(q.slots) && q.heir < 0 {
-			q.heir = i
-			rd.Busy = true
-			break
-		}
-		return rd, fmt.Errorf("pgleader: unexpected answer %d from the session's campaign function", code)
-	}
-	if rd.Held {
-		q.heir = -1 // a win releases the slot
-		q.namedUntil = time.Time{}
-	}
-	return rd, nil
+	return code, nil
 }
 
 // lookup reads the holder from pg_locks (a round of its own), after a
@@ -460,7 +275,7 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 	if err != nil {
 		return Round{}, err
 	}
-	q := t.quiet
+	q := l.f
 	holder, pid, free, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL, l.mode()))
 	if err != nil {
 		return Round{}, err
@@ -475,12 +290,12 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 		// refills the slot at once without all of it waking the server
 		// together.
 		q.namedUntil, q.gateSince, q.gateOff = time.Time{}, time.Time{}, false
-		if rand.N(8) == 0 {
+		if rand.N(refillOneIn) == 0 {
 			q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(q.Wait+1)))
 		}
 		q.verifyGap = q.VerifyEvery
 	case pid == q.leaderPID:
-		q.verifyGap = min(2*q.verifyGap, 8*q.VerifyEvery) // the notification was false
+		q.verifyGap = min(2*q.verifyGap, verifyCap*q.VerifyEvery) // the notification was false
 	}
 	q.leaderPID, q.leader = pid, holder
 	q.verify, q.lastLookup = false, now
@@ -505,7 +320,7 @@ var reservationBinds = ReservationBinds
 // names queues on the lock.
 func (l *Lease) reserved(t *Target, r reservation) {
 	if r.to == l.identity {
-		t.quiet.namedUntil = r.at.Add(reservationBinds)
+		l.f.namedUntil = r.at.Add(reservationBinds)
 	}
 }
 
@@ -513,7 +328,7 @@ func (l *Lease) reserved(t *Target, r reservation) {
 // believed but what a pid the server proved says; the rest only makes a
 // lookup (rate-limited) or an early poll (at most one per heir's wait) due.
 func (l *Lease) heard(t *Target, n *pgconn.Notification) {
-	q := t.quiet
+	q := l.f
 	if q == nil || n.PID == l.sess.PID {
 		return
 	}
@@ -543,13 +358,13 @@ func (l *Lease) heard(t *Target, n *pgconn.Notification) {
 		if !leader {
 			q.hintAt = now.Add(q.Wait)
 		}
-		q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(20*time.Millisecond)))
+		q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(vacancySpread)))
 	}
 }
 
 // dueAt is when a lookup may run, gap after the last one; a pending one
 // that is due earlier stays.
-func (q *quietState) dueAt(gap time.Duration) time.Time {
+func (q *follower) dueAt(gap time.Duration) time.Time {
 	at := q.lastLookup.Add(gap)
 	if q.verify && q.verifyAt.Before(at) {
 		return q.verifyAt
@@ -561,7 +376,7 @@ func (q *quietState) dueAt(gap time.Duration) time.Time {
 // down as t's leader: it heard no announcement while it led, so its next
 // round looks the holder up.
 func (l *Lease) Stepped(t *Target) {
-	if q := t.quiet; q != nil {
+	if q := l.f; q != nil {
 		q.leaderPID, q.verify, q.verifyAt = int32(l.sess.PID), true, time.Time{}
 	}
 }
@@ -570,7 +385,7 @@ func (l *Lease) Stepped(t *Target) {
 // returns early, with verify, when a lookup is due (see heard), or
 // without when the leader reserved the lock for this session.
 func (l *Lease) watch(ctx context.Context, t *Target, until *time.Time) (verify bool, err error) {
-	q := t.quiet
+	q := l.f
 	for {
 		now := time.Now()
 		switch {
@@ -610,7 +425,7 @@ func minTime(a, b time.Time) time.Time {
 
 // Heir reports whether this session queues on t's lock (holds one of its
 // heir slots); false for a watcher and for the plain round.
-func (l *Lease) Heir(t *Target) bool { return t.quiet != nil && t.quiet.heir >= 0 }
+func (l *Lease) Heir(t *Target) bool { return l.f != nil && l.f.heir >= 0 }
 
 // notified takes in the notifications received so far (see heard).
 func (l *Lease) notified(t *Target) {

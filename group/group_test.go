@@ -1,4 +1,4 @@
-package elector_test
+package group_test
 
 import (
 	"context"
@@ -13,7 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/group"
+	"github.com/pgleader/pgleader/inspect"
 	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -50,8 +51,8 @@ func newGroupWatch(t *testing.T) *groupWatch {
 	return w
 }
 
-func (w *groupWatch) callbacks(member string) elector.Callbacks {
-	return elector.Callbacks{
+func (w *groupWatch) callbacks(member string) group.Callbacks {
+	return group.Callbacks{
 		OnElected: func(ctx context.Context, l leader.Leadership) {
 			k := l.Key.String()
 			w.mu.Lock()
@@ -95,14 +96,14 @@ func (w *groupWatch) counts() (map[string]int, int) {
 }
 
 type member struct {
-	g    *elector.Group
+	g    *group.Group
 	stop func()
 }
 
-func startMember(t *testing.T, dsn, group, id string, keys []leader.Key, w *groupWatch) *member {
+func startMember(t *testing.T, dsn, grp, id string, keys []leader.Key, w *groupWatch) *member {
 	t.Helper()
-	return runMember(t, elector.GroupConfig{
-		Connect: elector.DSN(dsn), Group: group, Keys: keys, Identity: id,
+	return runMember(t, group.Config{
+		Connect: leader.DSN(dsn), Group: grp, Keys: keys, Identity: id,
 		Callbacks:     w.callbacks(id),
 		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
 		Logger: testLogger(t, nil),
@@ -110,10 +111,10 @@ func startMember(t *testing.T, dsn, group, id string, keys []leader.Key, w *grou
 }
 
 // runMember runs a member with cfg until the test ends (or stop).
-func runMember(t *testing.T, cfg elector.GroupConfig) *member {
+func runMember(t *testing.T, cfg group.Config) *member {
 	t.Helper()
 	id := cfg.Identity
-	g, err := elector.NewGroup(cfg)
+	g, err := group.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,15 +248,15 @@ func TestGroupInput(t *testing.T) {
 	srv := sharedServer(t)
 	k := leader.KeyFromName("dup")
 	on := func(context.Context, leader.Leadership) {}
-	if _, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: "g", Keys: []leader.Key{k, k},
-		Callbacks: elector.Callbacks{OnElected: on}}); !errors.Is(err, elector.ErrInvalidConfig) {
+	if _, err := group.New(group.Config{Connect: leader.DSN(srv.DSN()), Group: "g", Keys: []leader.Key{k, k},
+		Callbacks: group.Callbacks{OnElected: on}}); !errors.Is(err, leader.ErrInvalidConfig) {
 		t.Fatalf("duplicate keys: %v", err)
 	}
 	for _, name := range []string{"", "tenants\x1b[2J", "a\nforged line", "grüppe", strings.Repeat("g", 201)} {
-		_, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: name, Keys: []leader.Key{k},
-			Callbacks: elector.Callbacks{OnElected: on}})
-		var ce *elector.ConfigError
-		if !errors.Is(err, elector.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "Group" {
+		_, err := group.New(group.Config{Connect: leader.DSN(srv.DSN()), Group: name, Keys: []leader.Key{k},
+			Callbacks: group.Callbacks{OnElected: on}})
+		var ce *leader.ConfigError
+		if !errors.Is(err, leader.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != "Group" {
 			t.Fatalf("group name %q: %v", name, err)
 		}
 	}
@@ -281,16 +282,16 @@ func TestGroupInput(t *testing.T) {
 // error that names the setting and the value needed.
 func TestGroupLockTableTooSmall(t *testing.T) {
 	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20"}})
-	g, err := elector.NewGroup(elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: "big", Keys: groupKeys("big", 150),
-		Callbacks: elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}}})
+	g, err := group.New(group.Config{Connect: leader.DSN(srv.DSN()), Group: "big", Keys: groupKeys("big", 150),
+		Callbacks: group.Callbacks{OnElected: func(context.Context, leader.Leadership) {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
 	err = g.Run(ctx)
-	var lt *elector.LockTableError
-	if !errors.Is(err, elector.ErrLockTable) || !errors.As(err, &lt) || lt.MaxLocksPerTransaction < 15 {
+	var lt *group.LockTableError
+	if !errors.Is(err, group.ErrLockTable) || !errors.As(err, &lt) || lt.MaxLocksPerTransaction < 15 {
 		t.Fatalf("Run: %v", err)
 	}
 	t.Log(err)
@@ -317,13 +318,13 @@ func TestGroupFencing(t *testing.T) {
 	srv := sharedServer(t)
 	key := leader.KeyFromName(t.Name() + "/k")
 	terms := make(chan leader.Leadership, 8)
-	var gs []*elector.Group
+	var gs []*group.Group
 	for _, id := range []string{"fa", "fb"} {
-		g, err := elector.NewGroup(elector.GroupConfig{
-			Connect: elector.DSN(srv.DSN()), Group: t.Name(), Keys: []leader.Key{key}, Identity: id,
-			Fencing:       elector.Fencing{Enabled: true},
+		g, err := group.New(group.Config{
+			Connect: leader.DSN(srv.DSN()), Group: t.Name(), Keys: []leader.Key{key}, Identity: id,
+			Fencing:       group.Fencing{Enabled: true},
 			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
-			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+			Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
 				terms <- l
 				<-ctx.Done()
 			}},
@@ -388,16 +389,16 @@ func TestGroupSilentMember(t *testing.T) {
 
 // slowMember configures a member whose rounds are 3 s apart: a takeover
 // well inside one interval can only come from the crash watch.
-func slowMember(t *testing.T, w *groupWatch, keys []leader.Key, id string, connect elector.Connector) elector.GroupConfig {
-	return elector.GroupConfig{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+func slowMember(t *testing.T, w *groupWatch, keys []leader.Key, id string, connect leader.Connector) group.Config {
+	return group.Config{Connect: connect, Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
 		RenewInterval: 3 * time.Second, RenewDeadline: 6 * time.Second, LeaseDuration: 10 * time.Second, Logger: testLogger(t, nil)}
 }
 
 // connectTwice connects a member's session and its watch, then never
 // again: the member stays dead once killed.
-func connectTwice(srv *testpg.Server) elector.Connector {
+func connectTwice(srv *testpg.Server) leader.Connector {
 	var conns atomic.Int32
-	return elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+	return leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
 		if conns.Add(1) > 2 {
 			return nil, errors.New("this member stays down")
 		}
@@ -413,11 +414,11 @@ func TestGroupCrashWatch(t *testing.T) {
 	srv := sharedServer(t)
 	w := newGroupWatch(t)
 	keys := groupKeys(t.Name(), 30)
-	slow := func(id string, connect elector.Connector) elector.GroupConfig {
+	slow := func(id string, connect leader.Connector) group.Config {
 		return slowMember(t, w, keys, id, connect)
 	}
-	runMember(t, slow("w1", elector.DSN(srv.DSN())))
-	runMember(t, slow("w2", elector.DSN(srv.DSN())))
+	runMember(t, slow("w1", leader.DSN(srv.DSN())))
+	runMember(t, slow("w2", leader.DSN(srv.DSN())))
 	runMember(t, slow("w3", connectTwice(srv)))
 	balanced(t, w, 30, 10, 10, "w1", "w2", "w3")
 	// Let every watch settle on its target (a round after the last join).
@@ -466,7 +467,7 @@ func TestGroupStatus(t *testing.T) {
 	}
 	conn := mustConn(t, srv)
 	defer conn.Close(context.Background())
-	class, obj := elector.GroupRoster(name)
+	class, obj := inspect.GroupRoster(name)
 	eventually(t, "both members' sessions show the marker", func() (bool, string) {
 		rows, err := conn.Query(context.Background(), `SELECT a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted`, class, obj)
@@ -478,7 +479,7 @@ WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid
 			return false, fmt.Sprint(qs, err)
 		}
 		for _, q := range qs {
-			g, k, ok := elector.ParseGroupMarker(q)
+			g, k, ok := inspect.ParseGroupMarker(q)
 			if !ok || g != name || k != 8 {
 				return false, q
 			}
@@ -500,7 +501,7 @@ func TestGroupLosesOneKey(t *testing.T) {
 	var events []string
 	running := map[string]bool{}
 	var bad []string
-	cb := elector.Callbacks{
+	cb := group.Callbacks{
 		OnElected: func(ctx context.Context, l leader.Leadership) {
 			k := l.Key.Name()
 			mu.Lock()
@@ -524,14 +525,14 @@ func TestGroupLosesOneKey(t *testing.T) {
 			mu.Unlock()
 		},
 	}
-	m := runMember(t, elector.GroupConfig{Connect: elector.DSN(srv.DSN()), Group: t.Name(), Keys: keys, Identity: "lk",
+	m := runMember(t, group.Config{Connect: leader.DSN(srv.DSN()), Group: t.Name(), Keys: keys, Identity: "lk",
 		Callbacks: cb, RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
 		Logger: testLogger(t, nil)})
 	eventually(t, "lk leads all 6 keys", func() (bool, string) { return len(m.g.Owned()) == 6, fmt.Sprint(m.g.Owned()) })
 	lost := keys[2]
 	args, vals := lost.SQLArgs(1)
 	var once sync.Once
-	elector.OnFullRound(m.g, func(ctx context.Context, conn *pgx.Conn) {
+	group.OnFullRound(m.g, func(ctx context.Context, conn *pgx.Conn) {
 		once.Do(func() {
 			if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock("+args+")", vals...); err != nil {
 				t.Error(err)
@@ -650,14 +651,14 @@ func TestGroupCrashWatchFollowsJoins(t *testing.T) {
 	srv := sharedServer(t)
 	w := newGroupWatch(t)
 	keys := groupKeys(t.Name(), 30)
-	slow := func(id string, connect elector.Connector) elector.GroupConfig {
+	slow := func(id string, connect leader.Connector) group.Config {
 		return slowMember(t, w, keys, id, connect)
 	}
 	// A long deadlock_timeout makes each watch wait 6 s (RenewDeadline):
 	// without following the join, j2's watch would stay on j1 that long.
 	dsn := srv.DSN() + "&options=-c%20deadlock_timeout%3D10s"
-	runMember(t, slow("j1", elector.DSN(dsn)))
-	runMember(t, slow("j2", elector.DSN(dsn)))
+	runMember(t, slow("j1", leader.DSN(dsn)))
+	runMember(t, slow("j2", leader.DSN(dsn)))
 	balanced(t, w, 30, 15, 15, "j1", "j2")
 	conn := mustConn(t, srv)
 	defer conn.Close(context.Background())
@@ -700,5 +701,18 @@ WHERE a.application_name = 'j2' AND l.locktype = 'advisory' AND NOT l.granted AN
 	// them, logged nothing (j3's lines are its termination's).
 	if n := srv.LogLinesOf("j1") + srv.LogLinesOf("j2"); n != 0 {
 		t.Fatalf("%d server log lines from the survivors' sessions:\n%s", n, srv.LogTail(20))
+	}
+}
+
+// An empty DSN fails at New, naming the variable the user probably forgot.
+func TestEmptyDSNFailsAtNew(t *testing.T) {
+	t.Setenv("PGHOST", "")
+	t.Setenv("PGSERVICE", "")
+	t.Setenv("PGDATABASE", "")
+	_, err := group.New(group.Config{Connect: leader.DSN(" "), Group: "g",
+		Callbacks: group.Callbacks{OnElected: func(context.Context, leader.Leadership) {}}})
+	var ce *leader.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Connect" || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Fatalf("New with an empty DSN: %v", err)
 	}
 }

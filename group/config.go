@@ -1,0 +1,204 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Config configures a Group. Zero durations take the defaults, the same as
+// an elector's (1s, 3s, 6s, 5s, 500ms).
+type Config struct {
+	// Connect opens the member's connections: its main session and, unless
+	// SingleConnection, its crash watch. leader.DSN(...) or any Connector.
+	Connect leader.Connector
+	// Group names the group: members with the same name on the same
+	// database share its keys. 1 to 200 printable ASCII characters.
+	Group string
+	// Keys are the elections. Every member should have the same set (see
+	// docs/groups.md for what happens while they differ). Duplicates are
+	// an error; an empty set is allowed (the member joins and leads
+	// nothing until SetKeys).
+	Keys []leader.Key
+	// Identity names this member; it becomes the connections'
+	// application_name and must be unique in the group. Default
+	// hostname-pid; 1 to 63 printable ASCII characters.
+	Identity string
+	// Callbacks run per key.
+	Callbacks Callbacks
+	// Logger receives structured logs; nil means none.
+	Logger *zap.Logger
+
+	// RenewInterval is how often a full round proves every key this member
+	// leads and reads the members: one round trip. Default 1s.
+	RenewInterval time.Duration
+	// RenewDeadline is the trust window: the member stops trusting every
+	// key it leads (their contexts are cancelled) when no full round has
+	// succeeded within RenewDeadline of when the last successful one was
+	// sent. Greater than RenewInterval. Default 3s.
+	RenewDeadline time.Duration
+	// LeaseDuration is the server-side lease (the session's
+	// idle_session_timeout): the server ends a silent member's session, and
+	// frees its keys, this long after its last round. Greater than
+	// RenewDeadline. Default 6s.
+	LeaseDuration time.Duration
+	// ReleaseTimeout bounds how long a key handed over gracefully (a
+	// resign, a rebalance, Run's context ending) stays held, renewed,
+	// while its OnElected returns; past it the key is released anyway and
+	// an error is logged. Default 5s.
+	ReleaseTimeout time.Duration
+	// ReconnectMaxDelay caps the jittered exponential backoff between
+	// sessions. Default 500ms.
+	ReconnectMaxDelay time.Duration
+
+	// Fencing installs a term per key at each of its elections (no history
+	// table for groups yet).
+	Fencing Fencing
+
+	// SingleConnection turns the crash watch off: one connection per
+	// member instead of two, and a member that dies is seen at the
+	// survivors' next round (up to RenewInterval later) instead of at
+	// once. See docs/groups.md.
+	SingleConnection bool
+}
+
+// Callbacks are a group's hooks, per key. OnElected is required.
+type Callbacks struct {
+	// OnElected runs in a goroutine of its own when this member is elected
+	// for l.Key. ctx is cancelled the moment the key is in doubt or is
+	// being handed over, with the reason as its cause. After a graceful
+	// hand-over the key stays held, and renewed, until OnElected returns
+	// (bounded by ReleaseTimeout); after a fault it is already gone. If it
+	// returns while still leading, the key is handed over
+	// (leader.ErrCallbackReturned) and taken back a round later if it is
+	// still this member's.
+	OnElected func(ctx context.Context, l leader.Leadership)
+	// OnDemoted runs once after each OnElected has returned (or
+	// ReleaseTimeout passed), on a goroutine of its own, with the reason. A
+	// key is not led again by this member before its OnDemoted has run.
+	OnDemoted func(l leader.Leadership, reason error)
+}
+
+// Fencing configures fencing terms, per key (see leader.Fence).
+type Fencing struct {
+	// Enabled turns fencing on: the terms table is created when missing,
+	// unless NoCreate.
+	Enabled bool
+	// Table is the terms table, "name" or "schema.name" (raw names, quoted
+	// by pgleader). Default leader.DefaultTermsTable.
+	Table string
+	// NoCreate makes a missing table an error (leader.ErrNoTermsTable).
+	NoCreate bool
+	// TrustedOwner names a role whose terms table is used although this
+	// member's role is not a member of it (see elector.Fencing).
+	TrustedOwner string
+}
+
+// maxIdentity and maxGroup bound the names: PostgreSQL cuts
+// application_name at 63 bytes.
+const (
+	maxIdentity = 63
+	maxGroup    = 200
+)
+
+func (c *Config) durations() timing.Durations {
+	return timing.Durations{RenewInterval: c.RenewInterval, RenewDeadline: c.RenewDeadline, LeaseDuration: c.LeaseDuration,
+		ReleaseTimeout: c.ReleaseTimeout, ReconnectMaxDelay: c.ReconnectMaxDelay}
+}
+
+func (c *Config) setDefaults() {
+	d := c.durations()
+	d.SetDefaults()
+	c.RenewInterval, c.RenewDeadline, c.LeaseDuration, c.ReleaseTimeout, c.ReconnectMaxDelay =
+		d.RenewInterval, d.RenewDeadline, d.LeaseDuration, d.ReleaseTimeout, d.ReconnectMaxDelay
+	if c.Identity == "" {
+		c.Identity = leader.DefaultIdentity()
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Fencing.Enabled && c.Fencing.Table == "" {
+		c.Fencing.Table = leader.DefaultTermsTable
+	}
+}
+
+func (c *Config) validate() error {
+	bad := func(field, rule string, args ...any) error {
+		return &leader.ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
+	}
+	switch {
+	case c.Connect == nil:
+		return bad("Connect", "required (use leader.DSN(...) or a ConnectFunc)")
+	case c.Callbacks.OnElected == nil:
+		return bad("Callbacks.OnElected", "required")
+	}
+	if err := timing.Printable(c.Group, maxGroup); err != nil {
+		return bad("Group", "%v", err)
+	}
+	if err := timing.Printable(c.Identity, maxIdentity); err != nil {
+		return bad("Identity", "%v (PostgreSQL cuts and replaces characters in application_name)", err)
+	}
+	if err := c.durations().Validate(); err != nil {
+		return err
+	}
+	if c.Fencing.Enabled {
+		if _, err := terms.Quote(c.Fencing.Table); err != nil {
+			return bad("Fencing.Table", "%v", err)
+		}
+	}
+	if err := leader.ConnectorError(c.Connect); err != nil {
+		return &leader.ConfigError{Field: "Connect", Rule: err.Error()}
+	}
+	return nil
+}
+
+// ErrLockTable is returned (wrapped) by Run when the server's shared lock
+// table can never hold the group (checked at every session's start): see
+// LockTableError. A table that fits the group but that another session
+// has filled (SQLSTATE 53200 while taking keys) is no error: the member
+// takes no key until the table has room, keeps what it leads, and says so
+// (Status().LockTableFull and LastError, a Warn at most once a minute).
+var ErrLockTable = errors.New("pgleader: the server's lock table is too small for this group")
+
+// LockTableError says how big the server's lock table is and what the
+// group needs. PostgreSQL's shared lock table holds about
+// max_locks_per_transaction × (max_connections + max_prepared_transactions)
+// locks for the whole server; a group may use at most half of it, so that
+// the application keeps room.
+type LockTableError struct {
+	Keys     int // the group's keys
+	Capacity int // the server's lock table
+	// MaxLocksPerTransaction is the setting that would fit the group,
+	// with the server's max_connections and max_prepared_transactions.
+	MaxLocksPerTransaction int
+	Err                    error // the server's error (SQLSTATE 53200), when it came to that
+}
+
+// Error says what the group needs and how to get it.
+func (e *LockTableError) Error() string {
+	s := fmt.Sprintf("%v: %d keys need room for %d locks, and the server's lock table holds about %d (max_locks_per_transaction × (max_connections + max_prepared_transactions)); set max_locks_per_transaction to at least %d (a restart), or split the keys",
+		ErrLockTable, e.Keys, 2*e.Keys, e.Capacity, e.MaxLocksPerTransaction)
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap makes errors.Is(err, ErrLockTable) true, and reaches the server's
+// error.
+func (e *LockTableError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrLockTable, e.Err}
+	}
+	return []error{ErrLockTable}
+}
+
+// ErrAlreadyRunning is returned by Run when the Group has run before.
+var ErrAlreadyRunning = errors.New("pgleader: group: Run called more than once")

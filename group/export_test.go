@@ -1,0 +1,22 @@
+package group
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+)
+
+// OnFullRound makes g call f on its session before each full round: a seam
+// for what no other session can do, such as taking one lock from a live
+// member.
+func OnFullRound(g *Group, f func(ctx context.Context, conn *pgx.Conn)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.testRound = func(ctx context.Context, w wire) {
+		if m, ok := w.(*lockconn.Member); ok {
+			f(ctx, m.Conn())
+		}
+	}
+}

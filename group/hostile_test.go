@@ -1,0 +1,332 @@
+package group_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgleader/pgleader/group"
+	"github.com/pgleader/pgleader/inspect"
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/leader"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// The same for a Group: every key is elected once, on one member.
+func TestShadowedBuiltinsDoNotElectGroupKeys(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	r.Shadow(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 10)
+	var ms []*member
+	for _, id := range []string{"g-a", "g-b"} {
+		ms = append(ms, startMember(t, r.AppDSN, t.Name(), id, keys, w))
+	}
+	balanced(t, w, len(keys), 5, 5, "g-a", "g-b")
+	w.mu.Lock()
+	before := 0
+	for _, n := range w.elected {
+		before += n
+	}
+	w.mu.Unlock()
+	// Several full rounds of both members: nothing is elected again.
+	for _, m := range ms {
+		st := m.g.Status()
+		eventually(t, "ten more rounds", func() (bool, string) {
+			return m.g.Status().Rounds >= st.Rounds+10, ""
+		})
+	}
+	w.mu.Lock()
+	after := 0
+	for _, n := range w.elected {
+		after += n
+	}
+	w.mu.Unlock()
+	if after != before {
+		t.Errorf("%d elections during ten quiet rounds", after-before)
+	}
+	if owned := len(ms[0].g.Owned()) + len(ms[1].g.Owned()); owned != len(keys) {
+		t.Errorf("the members report %d keys owned, of %d", owned, len(keys))
+	}
+}
+
+// Forged group messages: resigns of every key a member owns, in this
+// version's encoding and the one before, on the group's channel and on
+// the heir's own; joins, releases and "gone" for live members; and junk.
+// None moves a key, and junk costs no round.
+func TestGroupForgedMessages(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	grp := t.Name()
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 10)
+	a := startMember(t, r.AppDSN, grp, "m-a", keys, w)
+	b := startMember(t, r.AppDSN, grp, "m-b", keys, w)
+	balanced(t, w, len(keys), 5, 5, "m-a", "m-b")
+	before := electionsOf(w)
+	ch, chB := groupChannels(grp, "m-b")
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	send := func(channel, payload string) {
+		t.Helper()
+		if _, err := evil.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rounds := a.g.Status().Rounds
+	began := time.Now()
+	for range 3 {
+		for _, k := range a.g.Owned() {
+			c, o, s := k.LockTag()
+			tag := fmt.Sprintf("%d.%d.%d", c, o, s)
+			for _, p := range []string{
+				"m-a resigned " + tag + " to m-b",  // the encoding before
+				`resigned "m-a" ` + tag + ` "m-b"`, // this one
+				`resigned "m-a" ` + tag + ` ""`,    // to nobody
+			} {
+				send(ch, p)
+				send(chB, p)
+			}
+		}
+		for _, p := range []string{`gone "m-a"`, `gone "m-b"`, "gone m-a", "released", "junk"} {
+			send(ch, p)
+		}
+	}
+	for i := range 300 {
+		send(ch, fmt.Sprintf("junk %d", i))
+	}
+	waitFullRounds(t, 5, a, b)
+	if n := electionsOf(w) - before; n != 0 {
+		t.Fatalf("%d elections after forged messages", n)
+	}
+	balanced(t, w, len(keys), 5, 5, "m-a", "m-b")
+	// The forged messages cost no round: the rounds ran on their schedule
+	// (one per 100 ms), with a little slack for the machine.
+	elapsed := time.Since(began)
+	if extra := a.g.Status().Rounds - rounds - int64(elapsed/(100*time.Millisecond)); extra > 5 {
+		t.Errorf("%d more full rounds than the schedule's in %s", extra, elapsed)
+	}
+	if st := a.g.Status(); st.Dropped == 0 {
+		t.Errorf("Status().Dropped = 0 after forged messages")
+	}
+}
+
+// A flood of forged joins (which may be a real member joining, so each is
+// a hint) triggers at most one full round per quarter interval.
+func TestGroupJoinFloodIsRateLimited(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	grp := t.Name()
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	m := startMember(t, r.AppDSN, grp, "m-a", keys, w)
+	balanced(t, w, len(keys), 4, 4, "m-a")
+	ch, _ := groupChannels(grp, "m-a")
+	evil := r.EvilConn(t)
+	rounds := m.g.Status().Rounds
+	began := time.Now()
+	for range 500 {
+		if _, err := evil.Exec(context.Background(), "SELECT pg_notify($1, 'joined')", ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFullRounds(t, 3, m) // the member has read them all
+	elapsed := time.Since(began)
+	// The schedule's rounds (one per 100 ms) plus at most one per 25 ms.
+	if got, most := m.g.Status().Rounds-rounds, int64(elapsed/(100*time.Millisecond)+elapsed/(25*time.Millisecond))+5; got > most {
+		t.Errorf("%d full rounds in %s of forged joins, want at most %d", got, elapsed, most)
+	}
+}
+
+// A session of another role that holds a group's roster lock in share mode
+// (as members do) is not a member: no key is assigned to it, so none goes
+// unled.
+func TestGroupIgnoresForeignMember(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	grp := t.Name()
+	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name=ghost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close(context.Background())
+	c, o := inspect.GroupRoster(grp)
+	if _, err := evil.Exec(context.Background(), "SELECT pg_advisory_lock_shared($1::int4, $2::int4)", int32(c), int32(o)); err != nil {
+		t.Fatal(err)
+	}
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 6)
+	m := startMember(t, r.AppDSN, grp, "m-a", keys, w)
+	balanced(t, w, len(keys), 6, 6, "m-a")
+	if got := m.g.Members(); len(got) != 1 || got[0] != "m-a" {
+		t.Fatalf("members: %v", got)
+	}
+}
+
+// Another role that holds the roster lock exclusively keeps a member from
+// joining: it says so, naming the holder, and joins once the lock is free.
+// One that holds the member's own lock does not keep it out.
+func TestGroupSquattedLocks(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	grp := t.Name()
+	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name=squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close(context.Background())
+	ctx := context.Background()
+	c, o := inspect.GroupRoster(grp)
+	h := fnv.New32a()
+	fmt.Fprintf(h, "member|%s|%s", grp, "m-a")
+	var evilPid int32
+	if err := evil.QueryRow(ctx, "SELECT pg_backend_pid() FROM pg_advisory_lock($1::int4, $2::int4) a, pg_advisory_lock($1::int4, $3::int4) b",
+		int32(c), int32(o), int32(h.Sum32())).Scan(&evilPid); err != nil {
+		t.Fatal(err)
+	}
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 3)
+	m := startMember(t, r.AppDSN, grp, "m-a", keys, w)
+	eventually(t, "the member says who keeps it out", func() (bool, string) {
+		st := m.g.Status()
+		return strings.Contains(st.LastError, fmt.Sprint("pid ", evilPid)) && strings.Contains(st.LastError, r.Evil) &&
+			strings.Contains(st.LastError, "squatter"), st.LastError
+	})
+	if _, n := w.counts(); n != 0 {
+		t.Fatalf("%d keys led by a member that could not join", n)
+	}
+	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", int32(c), int32(o)); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, len(keys), 3, 3, "m-a")
+	if st := m.g.Status(); st.LastError != "" {
+		t.Errorf("LastError after joining: %q", st.LastError)
+	}
+}
+
+// Another role fills the server's lock table while a member takes keys:
+// the member takes none then, says so, keeps its session and its keys,
+// and takes the rest once the table has room. Run does not end.
+func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20"}})
+	r := testpg.NewRoles(t, srv)
+	w := newGroupWatch(t)
+	first, more := groupKeys(t.Name()+"/a", 10), groupKeys(t.Name()+"/b", 20)
+	m := startMember(t, r.AppDSN, t.Name(), "m-a", first, w)
+	balanced(t, w, len(first), 10, 10, "m-a")
+	// Fill the table: a session of the other role takes locks until the
+	// server refuses (SQLSTATE 53200).
+	evil := r.EvilConn(t)
+	ctx := context.Background()
+	held := 0
+	for i := 0; ; i += 50 {
+		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += 50
+	}
+	t.Logf("another role holds %d advisory locks", held)
+	if err := m.g.SetKeys(append(first, more...)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the member reports a full lock table", func() (bool, string) {
+		st := m.g.Status()
+		return st.LockTableFull > 0 && strings.Contains(st.LastError, "lock table"), st.LastError
+	})
+	// Its rounds renew the keys it leads meanwhile: they read no shared
+	// catalog, whose locks a full table would refuse.
+	waitFullRounds(t, 10, m)
+	if _, n := w.counts(); n != len(first) {
+		t.Fatalf("%d keys led while the table is full, want the %d first", n, len(first))
+	}
+	w.mu.Lock()
+	for k, n := range w.demoted {
+		if n > 0 {
+			t.Errorf("key %s demoted while the table was full", k)
+		}
+	}
+	w.mu.Unlock()
+	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, len(first)+len(more), 30, 30, "m-a")
+}
+
+// A member whose role may not create temporary objects (TEMP revoked, as
+// a locked-down database may have it) cannot run the crash watch's session
+// function: the watch turns itself off for the process with one warning,
+// rather than retrying for ever with an ERROR in the server's log every
+// second, and the member leads its keys all the same.
+func TestGroupCrashWatchWithoutTemp(t *testing.T) {
+	srv := testpg.Start(t)
+	if err := srv.Exec(context.Background(), "REVOKE TEMPORARY ON DATABASE postgres FROM PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	r := testpg.NewRoles(t, srv)
+	core, logs := observer.New(zap.WarnLevel)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	m := runMember(t, group.Config{Connect: leader.DSN(r.AppDSN), Group: t.Name(), Keys: keys, Identity: "notemp",
+		Callbacks: w.callbacks("notemp"), Logger: zap.New(core),
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond})
+	balanced(t, w, len(keys), 4, 4, "notemp")
+	// The watch retries no faster than a renew interval: 20 intervals
+	// would show about 40 log lines.
+	waitFullRounds(t, 20, m)
+	errs := 0
+	for _, l := range serverLog(srv) {
+		if strings.Contains(l, "] notemp: ERROR:") {
+			errs++
+		}
+	}
+	if errs > 1 {
+		t.Fatalf("%d errors from the member in the server's log:\n%s", errs, strings.Join(serverLog(srv), "\n"))
+	}
+	if n := logs.FilterMessageSnippet("crash watch off").Len(); n != 1 {
+		t.Fatalf("%d warnings that the crash watch is off, want 1 (all: %v)", n, logs.All())
+	}
+}
+
+// groupChannels are a group's channel and a member's own channel, as any
+// role can compute them from the group's name.
+func groupChannels(group, member string) (string, string) {
+	_, roster := inspect.GroupRoster(group)
+	h := fnv.New32a()
+	fmt.Fprintf(h, "member|%s|%s", group, member)
+	ch := fmt.Sprintf("pgleader.group.%d", roster)
+	return ch, fmt.Sprintf("%s.%d", ch, h.Sum32())
+}
+
+func electionsOf(w *groupWatch) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, e := range w.elected {
+		n += e
+	}
+	return n
+}
+
+// waitFullRounds waits until every member has run n more full rounds.
+func waitFullRounds(t *testing.T, n int64, ms ...*member) {
+	t.Helper()
+	for _, m := range ms {
+		st := m.g.Status()
+		eventually(t, st.Identity+" runs its rounds", func() (bool, string) {
+			return m.g.Status().Rounds >= st.Rounds+n, ""
+		})
+	}
+}

@@ -1,0 +1,137 @@
+package group
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+)
+
+// What ends an idle wait, and so which round follows.
+const (
+	wakeFull  = iota // the round is due, or the members changed
+	wakeLight        // a poke, or a key was released or resigned
+)
+
+// idle reads the session until `until`, a poke, or a message on the
+// group's channels (a member joined or is gone, or a key was released or
+// resigned). When ctx ends it starts the graceful stop: every key is
+// handed over, and the rounds go on until none is held.
+func (g *Group) idle(ctx context.Context, w wire, until time.Time) (int, error) {
+	wctx, cancel := context.WithDeadline(context.Background(), until)
+	defer cancel()
+	g.mu.Lock()
+	stopping := g.st.stopping
+	g.mu.Unlock()
+	if !stopping {
+		stop := context.AfterFunc(ctx, cancel)
+		defer stop()
+	}
+	var poked atomic.Bool
+	go func() {
+		select {
+		case <-g.wake:
+			poked.Store(true)
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	for {
+		n, err := w.Wait(wctx)
+		switch {
+		case err == nil:
+			if wake, ok := g.heard(n, w.PID()); ok {
+				return wake, nil
+			}
+		case ctx.Err() != nil && !stopping:
+			g.stop(ctx.Err())
+			return wakeLight, nil
+		case wctx.Err() != nil:
+			if poked.Load() {
+				return wakeLight, nil
+			}
+			return wakeFull, nil
+		default:
+			return 0, err
+		}
+	}
+}
+
+// stop begins the graceful stop: every key is handed over with reason.
+func (g *Group) stop(reason error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.st.stopping {
+		return
+	}
+	g.st.stopping = true
+	for _, ks := range g.st.keys {
+		g.handOver(ks, reason)
+	}
+}
+
+// heard handles a notification; it reports whether a round should run
+// now, and which. NOTIFY is not authenticated, but the server stamps the
+// sender's backend pid: a message is believed only from a member's main
+// session as the last full round read it (and a resign only from the
+// member that owns the key). From any other session a join is a hint
+// (one full round at most every hintEvery, which checks pg_locks itself);
+// everything else, and anything malformed, is dropped and costs nothing.
+func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
+	if !g.isMine(n) || n.PID == self {
+		return 0, false
+	}
+	m, err := lockconn.ParseGroup(n.Payload)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sender, member := g.st.pids[n.PID]
+	switch {
+	case err != nil:
+	case !member:
+		if now := time.Now(); m.Kind == lockconn.GroupJoined && !now.Before(g.hintAt) {
+			g.hintAt = now.Add(g.hintEvery())
+			return wakeFull, true
+		}
+	case m.Kind == lockconn.GroupJoined:
+		return wakeFull, true
+	case m.Kind == lockconn.GroupReleased:
+		return wakeLight, true
+	case m.Kind == lockconn.GroupGone:
+		g.gone[m.Member] = time.Now()
+		return wakeFull, true
+	case m.Kind == lockconn.GroupResigned && m.Member == sender && g.st.owns(m.Key, sender):
+		return g.resignHeard(m, sender)
+	}
+	g.stats.dropped++
+	return 0, false
+}
+
+// resignHeard takes in a member's resign of a key it owned (g.mu held):
+// the key is kept from it for a while, and given to this member at once
+// when it is the heir; only the heir need act now.
+func (g *Group) resignHeard(m lockconn.GroupMessage, sender string) (int, bool) {
+	ks := g.st.keys[m.Key]
+	if ks == nil {
+		g.stats.dropped++ // owns said yes, so this cannot be; drop it all the same
+		return 0, false
+	}
+	ks.hold = resignHold{member: sender, until: time.Now().Add(10 * g.cfg.RenewInterval)}
+	g.st.dirty = true
+	heir := m.To == g.cfg.Identity
+	if heir {
+		ks.gift = true
+	}
+	return wakeLight, heir
+}
+
+// isMine reports whether n came on the group's channels.
+func (g *Group) isMine(n *pgconn.Notification) bool {
+	return n.Channel == g.channel || n.Channel == g.myChannel
+}
+
+// hintEvery is how often a message from a session that is not a known
+// member may trigger a full round.
+func (g *Group) hintEvery() time.Duration { return max(g.cfg.RenewInterval/4, time.Millisecond) }

@@ -1,0 +1,236 @@
+package group
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// input is what a round read before it plans.
+type input struct {
+	now  time.Time
+	full bool
+	// held and members are a full round's scan: the keys this backend
+	// holds (proven), and the members. A light round reads nothing: it
+	// goes by the tenures and the last members.
+	held    map[tag]bool
+	members []string
+}
+
+// actions are what a round does: plan decides them, the round applies
+// them to the state and does the I/O.
+type actions struct {
+	// lost: a full round found these tenures' locks gone: each ends alone,
+	// with ErrLockLost.
+	lost []tag
+	// expired: resign holds past their time, dropped.
+	expired []tag
+	// assign: a new assignment (nil: keep the last one).
+	assign *assignment
+	// handOver: tenures to hand over gracefully, each with its reason
+	// (OnElected's context is cancelled; the lock stays until it returns).
+	handOver []handOver
+	// selfHold: tenures whose OnElected returned by itself: the key is kept
+	// from this member for one interval.
+	selfHold []tag
+	// unlock: locks to release; released: the tenures among them, which
+	// end (OnDemoted) once they are; overran: those released while
+	// OnElected still runs, past ReleaseTimeout.
+	unlock, released, overran []tag
+	// heirs: resigns to tell, each to the member that gets the key;
+	// broadcast: resigns to tell the whole group (pending ones, and this
+	// member's held resigns when the members changed).
+	heirs, broadcast []lockconn.GroupMessage
+	// adopt: locks held without a tenure (won in a round that failed
+	// after the grant) that are this member's: led from now on.
+	adopt []tag
+	// want: free keys of this member's, tried in the exchange.
+	want []tag
+}
+
+type handOver struct {
+	k      tag
+	reason error
+}
+
+// assignment is the assignment of the set's keys to the members.
+type assignment struct {
+	owner   []int
+	members []string
+	mine    map[tag]bool
+}
+
+// plan decides a round, a pure function of the state and what the round
+// read: it never writes st. (It ranges over maps: the order of each list
+// in actions is unspecified.) A full round proves every tenure (a key whose
+// lock is gone is lost), expires holds, assigns again when the keys, the
+// members or the holds changed, hands over what is no longer this
+// member's, releases what is handed over and done, and takes what is this
+// member's and free. A light round does the same with the tenures as held
+// and the last members.
+func plan(st *state, in input) actions {
+	var a actions
+	held, members := in.held, in.members
+	if !in.full {
+		held, members = map[tag]bool{}, st.members
+		for k, ks := range st.keys {
+			if ks.phase == phaseLeading || ks.phase == phaseHanding {
+				held[k] = true
+			}
+		}
+	}
+	lost := map[tag]bool{}
+	if in.full {
+		for k, ks := range st.keys {
+			if (ks.phase == phaseLeading || ks.phase == phaseHanding) && !held[k] {
+				a.lost = append(a.lost, k)
+				lost[k] = true
+			}
+		}
+	}
+	holds := map[tag]resignHold{}
+	for k, ks := range st.keys {
+		if h := ks.hold; h.set() {
+			if in.now.After(h.until) {
+				a.expired = append(a.expired, k)
+			} else {
+				holds[k] = h
+			}
+		}
+	}
+	a.broadcast = planBroadcast(st, in, members, holds)
+	mine := planAssignment(st, in, members, holds, &a)
+	for k, ks := range st.keys {
+		if (ks.phase != phaseLeading && ks.phase != phaseHanding) || lost[k] {
+			continue
+		}
+		planTenure(st, in, k, ks, mine[k], holds, members, &a)
+	}
+	planLeftovers(st, held, mine, &a)
+	for k := range mine {
+		if h, ok := holds[k]; ok && h.member == st.me {
+			continue // resigned, or returned by itself: not taken back yet
+		}
+		if ks := st.keys[k]; !held[k] && ks.phase != phaseEnding && !lost[k] {
+			a.want = append(a.want, k)
+		}
+	}
+	return a
+}
+
+// planLeftovers decides the locks held without a tenure (won in a round
+// that failed after the grant, or by an exchange that met a full lock
+// table): adopted when this member's and not ending, else released.
+func planLeftovers(st *state, held, mine map[tag]bool, a *actions) {
+	unlocking := map[tag]bool{}
+	for _, k := range a.unlock {
+		unlocking[k] = true
+	}
+	for k := range held {
+		ks := st.keys[k]
+		if ks != nil && (ks.phase == phaseLeading || ks.phase == phaseHanding) || unlocking[k] {
+			continue
+		}
+		if mine[k] && (ks == nil || ks.phase != phaseEnding) {
+			a.adopt = append(a.adopt, k)
+		} else {
+			a.unlock = append(a.unlock, k)
+		}
+	}
+}
+
+// planBroadcast: a full round tells the group of the resigns told to their
+// heirs alone; and when the members changed, of this member's resigns
+// still held (a member that joined since has not heard of them, and would
+// assign those keys back to this member, which would not take them).
+func planBroadcast(st *state, in input, members []string, holds map[tag]resignHold) []lockconn.GroupMessage {
+	if !in.full {
+		return nil
+	}
+	out := slices.Clone(st.pending)
+	if slices.Equal(members, st.assigned) {
+		return out
+	}
+	for k, h := range holds {
+		if h.member == st.me {
+			if heir := heirOf(k, members, st.me); heir != "" {
+				out = append(out, resignedMessage(st.me, k, heir))
+			}
+		}
+	}
+	return out
+}
+
+// planAssignment assigns again when the keys or the members changed, and
+// at a full round when the holds did; between, a round goes by the last
+// assignment, plus the keys resigned to this member (a hand-over does not
+// wait for an assignment). It returns the keys this member leads from
+// now on: none once it stops.
+func planAssignment(st *state, in input, members []string, holds map[tag]resignHold, a *actions) map[tag]bool {
+	mine := map[tag]bool{}
+	if st.rekey || !slices.Equal(members, st.assigned) || in.full && (st.dirty || len(a.expired) > 0) {
+		owner := assign(st.order, members, holds)
+		a.assign = &assignment{owner: owner, members: members, mine: map[tag]bool{}}
+		if me := slices.Index(members, st.me); me >= 0 {
+			for i, o := range owner {
+				if o == me {
+					a.assign.mine[st.order[i]] = true
+				}
+			}
+		}
+		if st.stopping {
+			return mine
+		}
+		for k := range a.assign.mine {
+			mine[k] = true
+		}
+		return mine // an assignment clears the gifts
+	}
+	if st.stopping {
+		return mine
+	}
+	for k, ks := range st.keys {
+		if ks.mine || ks.gift && ks.inSet {
+			mine[k] = true
+		}
+	}
+	return mine
+}
+
+// planTenure decides one tenure: hand it over when it is no longer this
+// member's or its OnElected returned, and release it once handed over and
+// done (or past ReleaseTimeout).
+func planTenure(st *state, in input, k tag, ks *keyState, mine bool, holds map[tag]resignHold, members []string, a *actions) {
+	t := ks.tenure
+	handing, reason, releaseAt := ks.phase == phaseHanding, t.reason, t.releaseAt
+	returned := t.returned()
+	switch {
+	case !handing && !mine:
+		handing, reason, releaseAt = true, leader.ErrResigned, in.now.Add(st.release)
+		a.handOver = append(a.handOver, handOver{k, reason})
+	case !handing && returned:
+		// OnElected returned by itself: hand over.
+		handing, reason, releaseAt = true, leader.ErrCallbackReturned, in.now.Add(st.release)
+		a.handOver = append(a.handOver, handOver{k, reason})
+		a.selfHold = append(a.selfHold, k)
+	}
+	if !handing || !returned && in.now.Before(releaseAt) {
+		return
+	}
+	if !returned {
+		a.overran = append(a.overran, k)
+	}
+	a.unlock = append(a.unlock, k)
+	a.released = append(a.released, k)
+	if h, ok := holds[k]; ok && h.member == st.me && errors.Is(reason, leader.ErrResigned) {
+		a.heirs = append(a.heirs, resignedMessage(st.me, k, heirOf(k, members, st.me)))
+	}
+}
+
+// resignedMessage tells the group that member resigned k to heir.
+func resignedMessage(member string, k tag, heir string) lockconn.GroupMessage {
+	return lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: member, Key: k, To: heir}
+}

@@ -1,0 +1,241 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// round is one round, in three steps: read (a full round's check and scan,
+// one round trip; a light round reads nothing), plan (a pure function of
+// the state and what was read), apply (the state changes, then the
+// exchange of locks, one more round trip when there is anything to
+// exchange, and the tenures it begins and ends).
+func (g *Group) round(ctx context.Context, w wire, full bool) error {
+	sent := time.Now()
+	g.mu.Lock()
+	leading := g.st.tenures() > 0
+	if !full && !sent.Before(g.st.trustEnd) && leading {
+		full = true // the keys are in doubt: only a full round may go on
+	}
+	// While it leads keys, the round must answer within the trust window
+	// (a deadline already past fails it at once: the keys are in doubt).
+	deadline := g.st.trustEnd
+	if !leading {
+		deadline = sent.Add(g.cfg.RenewDeadline)
+	}
+	g.mu.Unlock()
+	rctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	in := input{full: full}
+	if full {
+		sc, err := g.read(rctx, w)
+		if err != nil {
+			if rctx.Err() != nil {
+				return fmt.Errorf("%w: no answer within the trust window: %w", leader.ErrRenewDeadline, err)
+			}
+			return err
+		}
+		in.held, in.members = sc.Held, sc.Members
+		g.mu.Lock()
+		g.st.members, g.st.pids = sc.Members, sc.PIDs
+		g.st.trustEnd = sent.Add(g.cfg.RenewDeadline)
+		g.stats.rounds++
+		g.stats.lastRound, g.stats.lastErr = sent, g.joinErr
+		g.watchNext(sent)
+	} else {
+		g.mu.Lock()
+		g.stats.light++
+	}
+	g.stats.lastStep = time.Now()
+	in.now = time.Now()
+	a := plan(&g.st, in)
+	g.apply(a, in)
+	g.mu.Unlock()
+	return g.exchange(rctx, w, full, a)
+}
+
+// read is a full round's read: the member joins first if it could not
+// yet, tells the group of members its crash watch saw go, and proves its
+// keys and reads the members in one scan.
+func (g *Group) read(ctx context.Context, w wire) (lockconn.Scan, error) {
+	g.mu.Lock()
+	hook, joined, gone := g.testRound, g.joined, g.goneOut
+	g.goneOut = nil
+	g.mu.Unlock()
+	if hook != nil {
+		hook(ctx, w)
+	}
+	if !joined {
+		if err := g.tryJoin(ctx, w); err != nil {
+			return lockconn.Scan{}, err
+		}
+	}
+	return w.Round(ctx, gone, g.marker())
+}
+
+// apply makes plan's state changes (g.mu held): ends the lost tenures,
+// drops expired holds, takes a new assignment, and begins the hand-overs.
+func (g *Group) apply(a actions, in input) {
+	st := &g.st
+	for _, k := range a.lost {
+		g.end(k, st.keys[k], leader.ErrLockLost)
+	}
+	for _, k := range a.expired {
+		st.keys[k].hold = resignHold{}
+		st.dirty = true
+	}
+	if a.assign != nil {
+		st.owner, st.assigned, st.rekey, st.dirty = a.assign.owner, a.assign.members, false, false
+		for k, ks := range st.keys {
+			ks.mine, ks.gift = a.assign.mine[k], false
+		}
+	}
+	for _, h := range a.handOver {
+		g.handOver(st.keys[h.k], h.reason)
+	}
+	for _, k := range a.selfHold {
+		st.keys[k].hold = resignHold{member: st.me, until: in.now.Add(st.interval)}
+	}
+	for _, k := range a.overran {
+		g.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the key while it still runs",
+			zap.Stringer("key", st.keys[k].key))
+	}
+	if in.full {
+		st.pending = nil // in a.broadcast
+	}
+}
+
+// exchange does a round's I/O: the broadcast, then the exchange of locks
+// (release, tell, take) in one round trip, then the tenures: those
+// released end, those won (and adopted) begin, with their terms.
+func (g *Group) exchange(ctx context.Context, w wire, full bool, a actions) error {
+	if len(a.broadcast) > 0 {
+		if err := w.Broadcast(ctx, a.broadcast, g.marker()); err != nil {
+			return err
+		}
+	}
+	if len(a.unlock) == 0 && len(a.want) == 0 && len(a.adopt) == 0 {
+		return nil
+	}
+	if ce := g.log.Check(zap.DebugLevel, "exchange"); ce != nil {
+		ce.Write(zap.Int("unlock", len(a.unlock)), zap.Int("want", len(a.want)), zap.Int("adopt", len(a.adopt)))
+	}
+	x := lockconn.Exchange{Check: !full, Unlock: a.unlock, Want: a.want, Marker: g.marker(),
+		// The heirs first, alone; the others hear of the resigns (they need
+		// them for the same assignment) with the next full round's batch,
+		// off the hand-over's path.
+		Released: len(a.heirs) == 0 || len(a.unlock) > len(a.heirs)}
+	for _, r := range a.heirs {
+		if r.To != "" {
+			x.Heirs = append(x.Heirs, r)
+		}
+	}
+	won, unlocked, err := w.Exchange(ctx, x)
+	if errors.Is(err, lockconn.ErrLockTableFull) {
+		err = g.tableFull(err)
+	}
+	if err == nil || unlocked {
+		g.released(a)
+	}
+	if err != nil {
+		return err
+	}
+	return g.won(ctx, w, append(won, a.adopt...))
+}
+
+// released ends the tenures whose locks the exchange released: each
+// one's OnDemoted, now that its lock is free; and keeps their resigns for
+// the group's next full round.
+func (g *Group) released(a actions) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.st.pending = append(g.st.pending, a.heirs...)
+	for _, k := range a.released {
+		if ks := g.st.keys[k]; ks != nil && ks.phase == phaseHanding {
+			g.end(k, ks, ks.tenure.reason)
+		}
+	}
+}
+
+// won begins the tenures of the keys won, after installing their terms
+// (with fencing). A term row locked by an old leader's transaction keeps
+// the locks for the next full round, which adopts them.
+func (g *Group) won(ctx context.Context, w wire, won []tag) error {
+	if len(won) == 0 {
+		return nil
+	}
+	termOf := map[tag]int64{}
+	if g.cfg.Fencing.Enabled {
+		var err error
+		if termOf, err = g.bump(ctx, w, won); err != nil {
+			return err
+		}
+		if termOf == nil {
+			return nil
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, k := range won {
+		ks := g.st.keys[k]
+		if ks == nil || !ks.inSet || ks.phase != phaseFree || g.st.stopping {
+			continue // released next round
+		}
+		g.begin(ks, w.PID(), termOf[k])
+	}
+	return nil
+}
+
+// bump installs the next term of each key won; nil, nil when a term row is
+// busy (the locks are kept, and adopted next round).
+func (g *Group) bump(ctx context.Context, w wire, won []tag) (map[tag]int64, error) {
+	names := make([]string, len(won))
+	g.mu.Lock()
+	for i, k := range won {
+		if ks := g.st.keys[k]; ks != nil {
+			names[i] = ks.key.String()
+		}
+	}
+	g.mu.Unlock()
+	termOf, err := w.Bump(ctx, won, names)
+	if lockconn.IsLockTimeout(err) {
+		g.log.Warn("could not install the next fencing terms yet; trying again next round", zap.Error(err))
+		return nil, nil
+	}
+	if err != nil {
+		return nil, terms.Classify(err, g.cfg.Fencing.Table)
+	}
+	return termOf, nil
+}
+
+// tableFull handles a full lock table met by an exchange. A group that
+// fits the table (it passed the start's check) met a table another
+// session filled: no key is taken this round (those won before the error
+// are adopted at the next full round), the session goes on, and the
+// exchange is tried again at the next full round; a Warn at most once a
+// minute, a count in Status, and LastError say so. A group that can never
+// fit ends Run.
+func (g *Group) tableFull(cause error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	keys := len(g.st.order)
+	err := tableError(g.table, keys, cause)
+	if 2*keys > g.table.Capacity() {
+		return err
+	}
+	g.stats.tableFull++
+	g.stats.lastErr = err.Error()
+	if time.Since(g.tableWarned) > time.Minute {
+		g.tableWarned = time.Now()
+		g.log.Warn("the server's lock table is full (another session holds most of it): no key is taken until it has room; trying again at every full round", zap.Error(err))
+	}
+	return nil
+}

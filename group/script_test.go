@@ -1,0 +1,300 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// scriptWire stands in for PostgreSQL under a member: the rounds the
+// tests run against it reach what a real server rarely does (a full lock
+// table in the middle of an exchange, a busy term row, a round after the
+// trust window closed). It holds locks as a backend would.
+type scriptWire struct {
+	mu      sync.Mutex
+	held    map[tag]bool
+	members []string
+	// tableFull: the next exchanges take the first key wanted, then fail
+	// with the lock table full (what the server does when it runs out in
+	// the middle of a statement: the locks taken before stay).
+	tableFull int
+	// busyBumps: the next term bumps meet a locked term row.
+	busyBumps int
+	term      int64
+	calls     map[string]int
+}
+
+func newScriptWire(members ...string) *scriptWire {
+	return &scriptWire{held: map[tag]bool{}, members: members, calls: map[string]int{}}
+}
+
+func (w *scriptWire) count(call string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls[call]
+}
+
+func (w *scriptWire) PID() uint32 { return 4242 }
+func (w *scriptWire) Close()      {}
+func (w *scriptWire) Join(context.Context) (bool, error) {
+	return true, nil
+}
+func (w *scriptWire) RosterHolder(context.Context) (lockconn.SpaceHolder, error) {
+	return lockconn.SpaceHolder{}, nil
+}
+func (w *scriptWire) Round(ctx context.Context, _ []lockconn.GroupMessage, _ string) (lockconn.Scan, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["round"]++
+	sc := lockconn.Scan{Held: map[tag]bool{}, Members: w.members, PIDs: map[uint32]string{}}
+	for k := range w.held {
+		sc.Held[k] = true
+	}
+	return sc, nil
+}
+func (w *scriptWire) Exchange(ctx context.Context, x lockconn.Exchange) ([]tag, bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["exchange"]++
+	for _, k := range x.Unlock {
+		delete(w.held, k)
+	}
+	if len(x.Want) > 0 && w.tableFull > 0 {
+		w.tableFull--
+		w.held[x.Want[0]] = true
+		return nil, len(x.Unlock) > 0, fmt.Errorf("%w: %w", lockconn.ErrLockTableFull, &pgconn.PgError{Code: "53200", Message: "out of shared memory"})
+	}
+	var won []tag
+	for _, k := range x.Want {
+		if !w.held[k] {
+			w.held[k] = true
+			won = append(won, k)
+		}
+	}
+	return won, len(x.Unlock) > 0, nil
+}
+func (w *scriptWire) Bump(ctx context.Context, won []tag, names []string) (map[tag]int64, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["bump"]++
+	if w.busyBumps > 0 {
+		w.busyBumps--
+		return nil, &pgconn.PgError{Code: lockconn.LockNotAvailable, Message: "canceling statement due to lock timeout"}
+	}
+	out := map[tag]int64{}
+	for _, k := range won {
+		w.term++
+		out[k] = w.term
+	}
+	return out, nil
+}
+func (w *scriptWire) Broadcast(context.Context, []lockconn.GroupMessage, string) error { return nil }
+func (w *scriptWire) Leave(context.Context) error                                      { return nil }
+func (w *scriptWire) Wait(ctx context.Context) (*pgconn.Notification, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+func (w *scriptWire) IsGroupChannel(string) bool { return false }
+
+// scripted is a Group whose rounds the test runs one by one.
+func scripted(t *testing.T, n int, edit func(*Config)) (*Group, []leader.Key) {
+	t.Helper()
+	var keys []leader.Key
+	for i := range n {
+		keys = append(keys, leader.KeyFromName(fmt.Sprintf("%s/%d", t.Name(), i)))
+	}
+	cfg := Config{Connect: leader.DSN("postgres://u@127.0.0.1:1/db"), Group: "scripted", Keys: keys, Identity: "me",
+		SingleConnection: true,
+		Callbacks:        Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.table = lockconn.LockTable{PerTx: 64, Conns: 100}
+	t.Cleanup(func() {
+		g.demoteAll(context.Canceled)
+		g.wg.Wait()
+	})
+	return g, keys
+}
+
+func (g *Group) leading() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, ks := range g.st.keys {
+		if ks.phase == phaseLeading {
+			n++
+		}
+	}
+	return n
+}
+
+// A light round after the trust window closed is made full: only a round
+// that proves the keys may go on with them.
+func TestScriptedLightRoundAfterTrustWindowIsFull(t *testing.T) {
+	g, _ := scripted(t, 4, nil)
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, true); err != nil || g.leading() != 4 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	if err := g.round(ctx, w, false); err != nil || w.count("round") != 1 {
+		t.Fatalf("a light round within the window: %v, %d full rounds", err, w.count("round"))
+	}
+	g.mu.Lock()
+	g.st.trustEnd = time.Now().Add(-time.Millisecond)
+	g.mu.Unlock()
+	if err := g.round(ctx, w, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.count("round"); n != 2 {
+		t.Fatalf("%d full rounds; a light round past the trust window must scan", n)
+	}
+	if !g.IsLeader(g.cfg.Keys[0]) {
+		t.Fatal("the full round proved the keys, and IsLeader is false")
+	}
+}
+
+// The lock table fills in the middle of an exchange (another session holds
+// most of it): no key is begun, the member says so, keeps going, and the
+// next full round adopts the key the failed exchange did take and takes
+// the rest.
+func TestScriptedLockTableFullThenAdopted(t *testing.T) {
+	g, _ := scripted(t, 4, nil)
+	w := newScriptWire("me")
+	w.tableFull = 1
+	ctx := context.Background()
+	if err := g.round(ctx, w, true); err != nil {
+		t.Fatalf("a full lock table ended the round: %v", err)
+	}
+	st := g.Status()
+	if g.leading() != 0 || st.LockTableFull != 1 || !strings.Contains(st.LastError, "lock table") {
+		t.Fatalf("after a full table: leading %d, %+v", g.leading(), st)
+	}
+	if len(w.held) != 1 {
+		t.Fatalf("the script holds %d keys, want the one taken before the error", len(w.held))
+	}
+	if err := g.round(ctx, w, true); err != nil || g.leading() != 4 {
+		t.Fatalf("the next round: %v, leading %d, want all 4 (one adopted)", err, g.leading())
+	}
+}
+
+// A group that can never fit the lock table ends Run (ErrLockTable): a
+// full table then is no passing state.
+func TestScriptedLockTableTooSmallIsFatal(t *testing.T) {
+	g, _ := scripted(t, 4, nil)
+	g.table = lockconn.LockTable{PerTx: 1, Conns: 2}
+	w := newScriptWire("me")
+	w.tableFull = 1
+	err := g.round(context.Background(), w, true)
+	var lte *LockTableError
+	if !errors.Is(err, ErrLockTable) || !errors.As(err, &lte) || lte.Keys != 4 {
+		t.Fatalf("want a LockTableError for 4 keys, got %v", err)
+	}
+}
+
+// A term row locked by an old leader's transaction: the keys won stay held
+// without a tenure (no OnElected without a term), and the next full round
+// adopts them with their terms.
+func TestScriptedBusyTermThenAdopted(t *testing.T) {
+	g, keys := scripted(t, 3, func(c *Config) { c.Fencing = Fencing{Enabled: true} })
+	w := newScriptWire("me")
+	w.busyBumps = 1
+	ctx := context.Background()
+	if err := g.round(ctx, w, true); err != nil {
+		t.Fatalf("a busy term ended the round: %v", err)
+	}
+	if g.leading() != 0 || len(w.held) != 3 {
+		t.Fatalf("busy term: leading %d, held %d; want 0 and 3", g.leading(), len(w.held))
+	}
+	if err := g.round(ctx, w, true); err != nil || g.leading() != 3 {
+		t.Fatalf("next round: %v, leading %d", err, g.leading())
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, k := range keys {
+		if ks := g.st.keys[tagOf(k)]; ks.tenure.l.Term == 0 {
+			t.Fatalf("%s led without a term", k)
+		}
+	}
+}
+
+// A lock lost under a live session (found missing by a full round) ends
+// that key alone, with ErrLockLost, and the member takes it again only
+// after its OnDemoted ran.
+func TestScriptedLostKeyEndsAlone(t *testing.T) {
+	demoted := make(chan error, 4)
+	g, keys := scripted(t, 3, func(c *Config) {
+		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
+	})
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, true); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	w.mu.Lock()
+	delete(w.held, tagOf(keys[0]))
+	w.mu.Unlock()
+	if err := g.round(ctx, w, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case reason := <-demoted:
+		if !errors.Is(reason, leader.ErrLockLost) {
+			t.Fatalf("demoted with %v, want ErrLockLost", reason)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no OnDemoted for the lost key")
+	}
+	if g.leading() != 2 {
+		t.Fatalf("leading %d after one key was lost, want 2", g.leading())
+	}
+	// Once its OnDemoted ran, the key is taken again.
+	deadline := time.Now().Add(10 * time.Second)
+	for g.leading() != 3 && time.Now().Before(deadline) {
+		if err := g.round(ctx, w, true); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if g.leading() != 3 {
+		t.Fatal("the lost key was not taken again")
+	}
+}
+
+// A light round proves nothing, so it must not extend the trust window:
+// only a full round's send time does.
+func TestScriptedLightRoundDoesNotExtendTrust(t *testing.T) {
+	g, _ := scripted(t, 2, nil)
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, true); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	before := g.st.trustEnd
+	g.mu.Unlock()
+	time.Sleep(2 * time.Millisecond)
+	if err := g.round(ctx, w, false); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	after := g.st.trustEnd
+	g.mu.Unlock()
+	if !after.Equal(before) {
+		t.Fatalf("a light round moved the trust window from %s to %s", before.Format(time.StampMicro), after.Format(time.StampMicro))
+	}
+}

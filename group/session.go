@@ -1,0 +1,137 @@
+package group
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+)
+
+// session is one connection's life: open, join, start the crash watch,
+// then rounds until the member has left or the session fails.
+func (g *Group) session(ctx context.Context) (err error) {
+	w, err := g.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// A fault: every key is gone with the session.
+		g.demoteAll(err)
+		w.Close()
+	}()
+	jctx, cancel := context.WithTimeout(ctx, g.cfg.LeaseDuration)
+	g.mu.Lock()
+	g.joined = false
+	g.mu.Unlock()
+	err = g.tryJoin(jctx, w)
+	cancel()
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.stats.connected = true
+	g.mu.Unlock()
+	if !g.cfg.SingleConnection {
+		stop := g.startWatch(ctx)
+		defer stop()
+	}
+	return g.loop(ctx, w)
+}
+
+// loop runs the rounds. A full round proves every key and reads the
+// members; it is due RenewInterval after the last one began, however many
+// light rounds ran between (the trust window runs from the last full
+// round). A light round (a poke, a release heard) only releases what is
+// handed over and takes what is free and this member's, with the members
+// the last full round read: a hand-over then costs two round trips on each
+// side, not two scans of pg_locks.
+func (g *Group) loop(ctx context.Context, w wire) error {
+	var began time.Time
+	wake := wakeFull
+	for {
+		g.mu.Lock()
+		full := wake == wakeFull || time.Since(began) >= g.cfg.RenewInterval || g.fullSoon
+		g.fullSoon = false
+		g.mu.Unlock()
+		if full {
+			began = time.Now()
+		}
+		if err := g.round(ctx, w, full); err != nil {
+			return err
+		}
+		g.mu.Lock()
+		done := g.st.stopping && g.st.tenures() == 0
+		next := began.Add(g.cfg.RenewInterval)
+		if g.soon {
+			// A member the crash watch reported gone was still listed:
+			// its backend was still releasing its locks.
+			next, g.soon = time.Now().Add(5*time.Millisecond), false
+		}
+		g.mu.Unlock()
+		if done {
+			g.leave(w)
+			return nil
+		}
+		var err error
+		if wake, err = g.idle(ctx, w, next); err != nil {
+			return err
+		}
+	}
+}
+
+// leave frees the member and roster locks, then tells the group (the
+// NOTIFY goes out at commit, after the unlocks), so that the others take
+// this member's keys' new shares at once rather than at their next full
+// round.
+func (g *Group) leave(w wire) {
+	lctx, cancel := context.WithTimeout(context.Background(), g.cfg.RenewDeadline)
+	defer cancel()
+	if err := w.Leave(lctx); err != nil {
+		g.log.Debug("leaving: could not tell the group", zap.Error(err))
+	}
+}
+
+// tryJoin takes the roster lock, or says who holds it exclusively (a Warn
+// and Status().LastError, at most once a minute; the next full round tries
+// again).
+func (g *Group) tryJoin(ctx context.Context, w wire) error {
+	ok, err := w.Join(ctx)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.joined = ok
+	due := !ok && time.Now().After(g.joinWarned.Add(time.Minute))
+	if ok {
+		g.joinErr = ""
+	}
+	g.mu.Unlock()
+	if ok {
+		g.log.Info("joined")
+		return nil
+	}
+	if !due {
+		return nil
+	}
+	h, err := w.RosterHolder(ctx)
+	if err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("cannot join group %q: its roster lock (%d, %d) is held exclusively by %s; this member leads nothing until it is freed",
+		g.cfg.Group, uint32(lockconn.Space), uint32(lockconn.GroupRoster(g.cfg.Group)), h)
+	g.log.Warn(msg, zap.Uint32("holder_pid", h.PID), zap.String("holder_role", h.Role), zap.String("holder_application_name", h.App))
+	g.mu.Lock()
+	g.joinErr, g.joinWarned, g.stats.lastErr = msg, time.Now(), msg
+	g.mu.Unlock()
+	return nil
+}
+
+// marker is the statement that ends every batch (lockconn.GroupMarker).
+func (g *Group) marker() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return lockconn.GroupMarker(g.cfg.Group, len(g.st.order))
+}

@@ -1,0 +1,223 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// The crash watch (lockconn.Ring): a second session per member waits on
+// the member lock of the next member in name order. When that member dies,
+// the wait is granted, and the watch has its own member run a full round
+// at once, which tells the group from the member's main session (whose pid
+// the others know, so that they believe it); every member then runs a
+// round. The watch takes no part in safety: keys are taken, as always, by
+// try-locks on the main session after a round that read the roster.
+
+// startWatch starts the crash watch for one session of the member; the
+// function it returns stops it.
+func (g *Group) startWatch(ctx context.Context) (stop func()) {
+	wctx, cancel := context.WithCancel(ctx)
+	ring := make(chan string, 1)
+	g.mu.Lock()
+	g.ring, g.ringLast = ring, ""
+	g.mu.Unlock()
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		g.watchRing(wctx, ring)
+	}()
+	return cancel
+}
+
+// watchNext points the crash watch at the ring successor, and asks for a
+// round soon while a member reported gone is still listed (g.mu held).
+func (g *Group) watchNext(sent time.Time) {
+	for m, at := range g.gone {
+		switch {
+		case sent.Sub(at) > 100*time.Millisecond:
+			delete(g.gone, m)
+		case slices.Contains(g.st.members, m):
+			g.soon = true
+		}
+	}
+	if g.ring == nil {
+		return
+	}
+	if next := ringNext(g.st.members, g.cfg.Identity); next != g.ringLast {
+		g.ringLast = next
+		select {
+		case <-g.ring: // replace a target not yet read
+		default:
+		}
+		g.ring <- next
+	}
+}
+
+// reportGone has the next round run at once, and tell the group that
+// member is gone.
+func (g *Group) reportGone(member string) {
+	g.mu.Lock()
+	g.goneOut = append(g.goneOut, lockconn.GroupMessage{Kind: lockconn.GroupGone, Member: member})
+	g.gone[member] = time.Now()
+	g.fullSoon = true
+	g.mu.Unlock()
+	g.poke()
+}
+
+// watchRing runs the crash watch until ctx ends: it follows the member
+// targets sends (the ring successor after each round), reconnecting after
+// faults no faster than once per RenewInterval.
+func (g *Group) watchRing(ctx context.Context, targets <-chan string) {
+	r := timing.NewRetry(g.cfg.durations())
+	target := ""
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := g.watchSession(ctx, targets, &target)
+		if ctx.Err() != nil {
+			return
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "25006") {
+			// No TEMP privilege, or a read-only role: every new session
+			// would fail the same way, with an ERROR in the server's log.
+			g.log.Warn("crash watch off for this process: its session function cannot be created (no TEMP privilege, or a read-only role); a member's death is seen at the next round instead", zap.Error(err))
+			return
+		}
+		attempt, delay := r.Next(time.Since(began), err)
+		delay = max(delay, g.cfg.RenewInterval)
+		g.log.Debug("crash watch: reconnecting", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+		if !timing.Sleep(ctx, delay) {
+			return
+		}
+	}
+}
+
+// watchSession is one connection's life of the crash watch.
+func (g *Group) watchSession(ctx context.Context, targets <-chan string, target *string) error {
+	ring, err := g.openRing(ctx)
+	if err != nil {
+		return err
+	}
+	defer ring.Close()
+	// Stopping cancels a wait in progress (caught in the function, no log
+	// line), so that Run returns at once rather than after the wait; the
+	// cancel request goes out before the session closes.
+	stopped := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		ring.Cancel()
+	})
+	defer func() {
+		if !stop() {
+			<-stopped
+		}
+	}()
+	for {
+		if !nextTarget(ctx, targets, target) {
+			return nil
+		}
+		gone, retargeted, err := g.watchOnce(ctx, ring, targets, *target)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if retargeted != "" {
+			*target = retargeted
+		} else if gone {
+			g.log.Debug("crash watch: a member is gone", zap.String("member", *target))
+			g.reportGone(*target)
+			*target = "" // watch it again only once a round named the next target
+		}
+	}
+}
+
+// openRing opens the watch's session.
+func (g *Group) openRing(ctx context.Context) (*lockconn.Ring, error) {
+	c := g.cfg
+	cctx, cancel := context.WithTimeout(ctx, c.LeaseDuration)
+	defer cancel()
+	conn, err := c.Connect.Connect(cctx)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration, KeepIdle: c.RenewDeadline})
+	if err != nil {
+		lockconn.Close(conn)
+		return nil, err
+	}
+	ring, err := lockconn.NewRing(cctx, conn, sess, c.Group, c.RenewDeadline)
+	if err != nil {
+		lockconn.Close(conn)
+		return nil, err
+	}
+	return ring, nil
+}
+
+// nextTarget follows the latest target; with none, it waits for one. It
+// reports false when ctx ends.
+func nextTarget(ctx context.Context, targets <-chan string, target *string) bool {
+	for {
+		select {
+		case t := <-targets:
+			*target = t
+			continue
+		case <-ctx.Done():
+			return false
+		default:
+		}
+		if *target != "" {
+			return true
+		}
+		select {
+		case t := <-targets:
+			*target = t
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// watchOnce waits once on target's member lock. A new target (the members
+// changed) ends the wait with a cancel request, so that the new successor
+// is watched at once: it is returned as retargeted.
+func (g *Group) watchOnce(ctx context.Context, ring *lockconn.Ring, targets <-chan string, target string) (gone bool, retargeted string, err error) {
+	callDone, moved, finished := make(chan struct{}), make(chan string, 1), make(chan struct{})
+	go func() {
+		defer close(finished)
+		select {
+		case t := <-targets:
+			moved <- t
+			ring.Cancel()
+		case <-callDone:
+		}
+	}()
+	res, err := ring.Wait(ctx, target, g.cfg.RenewDeadline)
+	close(callDone)
+	<-finished
+	select {
+	case retargeted = <-moved:
+	default:
+	}
+	g.mu.Lock()
+	g.stats.watchWaits++
+	g.mu.Unlock()
+	switch {
+	case err != nil:
+		return false, retargeted, err
+	case res == nil:
+		return false, retargeted, fmt.Errorf("crash watch: %w", leader.ErrStandby)
+	}
+	return *res && retargeted == "", retargeted, nil
+}
