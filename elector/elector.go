@@ -20,7 +20,7 @@
 // stepDown).
 //
 // The wire work (the SQL, the pipelined round trips, the SQLSTATEs) is the
-// lease's: internal/lockconn.Lease, behind the small lease interface, so
+// lease's: internal/wire/lockconn.Lease, behind the small lease interface, so
 // tests can script what a real server rarely does.
 package elector
 
@@ -34,9 +34,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
-	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/terms"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 

@@ -8,30 +8,45 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/terms"
 )
 
 // lease is what the elector needs of its lock session. *lockconn.Lease is
 // the real one, on a dedicated PostgreSQL connection; tests script one to
 // reach branches a real server rarely takes (a grant that races its
-// timeout, a busy or stuck fencing term).
+// timeout, a busy or stuck fencing term). It is the core (a tenure's life)
+// and the hand-over on demand, apart, so that a fake of the core stays
+// small (embed noHandover for the rest).
 type lease interface {
+	coreLease
+	handoverLease
+}
+
+// coreLease campaigns, proves, renews and releases.
+type coreLease interface {
 	PID() uint32
 	Campaign(ctx context.Context, t *lockconn.Target, try bool) (lockconn.Round, error)
 	Confirm(ctx context.Context, t *lockconn.Target) (term int64, err error)
 	Renew(ctx context.Context, t *lockconn.Target) error
 	Announce(ctx context.Context, t *lockconn.Target) error
 	WaitIdle(ctx context.Context, t *lockconn.Target, until time.Time) (lockconn.Request, error)
+	Record(ctx context.Context, sql string, args ...any) error
+	Unlock(ctx context.Context, t *lockconn.Target) error
+	Close()
+}
+
+// handoverLease answers resign requests (see RequestResign): who asked,
+// the answer, and the reservation for a named candidate.
+type handoverLease interface {
 	Requester(ctx context.Context, pid uint32, roles []string) (role string, allowed, found bool, err error)
 	Reply(ctx context.Context, pid uint32, msg string) error
 	Standing(ctx context.Context, t *lockconn.Target, identity string) (bool, error)
 	Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error
 	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
-	Record(ctx context.Context, sql string, args ...any) error
-	Unlock(ctx context.Context, t *lockconn.Target) error
-	Close()
 }
+
+var _ lease = (*lockconn.Lease)(nil)
 
 // openLease connects and sets the session up in one round trip:
 // application_name, the lock wait bound (RenewInterval), the server-side
@@ -67,41 +82,62 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		ls.Close()
 		return nil, fmt.Errorf("session setup: %w", err)
 	}
-	if f := c.Fencing; f.Enabled {
-		o := terms.EnsureOptions{Create: !f.NoCreate, Schemas: ls.Schemas(), TrustedOwner: f.TrustedOwner}
-		tbl, err := terms.Ensure(ctx, ls.Conn(), f.Table, o)
-		if err != nil {
-			ls.Close()
-			return nil, fmt.Errorf("fencing: %w", err)
-		}
-		e.termsTable, e.history = tbl, false
-		if !f.NoHistory {
-			switch h, err := terms.EnsureHistory(ctx, ls.Conn(), f.HistoryTable, o); {
-			case err == nil:
-				e.historyTable, e.history = h, true
-			case errors.Is(err, terms.ErrNoTable) || errors.Is(err, terms.ErrReadOnly):
-				// Fencing works without it: say so once per session.
-				e.log.Warn("no leadership history: "+err.Error(), zap.String("table", f.HistoryTable))
-			default:
-				// A fault, a foreign table, or a lock wait the server gave
-				// up on: try again with the next session rather than lose
-				// this one's rows.
-				ls.Close()
-				return nil, fmt.Errorf("fencing: history table: %w", err)
-			}
-		}
-		e.setBump()
-		if e.history {
-			e.flushDemotion(ls)
+	if err := e.ensureTables(ctx, ls); err != nil {
+		ls.Close()
+		return nil, err
+	}
+	if err := e.watch(ctx, ls); err != nil {
+		ls.Close()
+		return nil, fmt.Errorf("session setup: %w", err)
+	}
+	return ls, nil
+}
+
+// ensureTables makes sure, with fencing, that the terms table (and the
+// history table, unless NoHistory) exists and is trusted; the history's
+// demotions a fault left unwritten are written now.
+func (e *Elector) ensureTables(ctx context.Context, ls *lockconn.Lease) error {
+	f := e.cfg.Fencing
+	if !f.Enabled {
+		return nil
+	}
+	o := terms.EnsureOptions{Create: !f.NoCreate, Schemas: ls.Schemas(), TrustedOwner: f.TrustedOwner}
+	tbl, err := terms.Ensure(ctx, ls.Conn(), f.Table, o)
+	if err != nil {
+		return fmt.Errorf("fencing: %w", err)
+	}
+	e.termsTable, e.history = tbl, false
+	if !f.NoHistory {
+		switch h, err := terms.EnsureHistory(ctx, ls.Conn(), f.HistoryTable, o); {
+		case err == nil:
+			e.historyTable, e.history = h, true
+		case errors.Is(err, terms.ErrNoTable) || errors.Is(err, terms.ErrReadOnly):
+			// Fencing works without it: say so once per session.
+			e.log.Warn("no leadership history: "+err.Error(), zap.String("table", f.HistoryTable))
+		default:
+			// A fault, a foreign table, or a lock wait the server gave up
+			// on: try again with the next session rather than lose this
+			// one's rows.
+			return fmt.Errorf("fencing: history table: %w", err)
 		}
 	}
+	e.setBump()
+	if e.history {
+		e.flushDemotion(ls)
+	}
+	return nil
+}
+
+// watch prepares the quiet follower round (lockconn.Lease.Watch), and the
+// leader the session sees now.
+func (e *Elector) watch(ctx context.Context, ls *lockconn.Lease) error {
+	c := e.cfg
 	wait := e.followerWait(ls.DeadlockTimeout())
 	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline, Lease: c.LeaseDuration,
 		VerifyEvery: c.RenewInterval / 4}
 	quiet, holder, err := ls.Watch(ctx, e.target, q)
 	if err != nil {
-		ls.Close()
-		return nil, fmt.Errorf("session setup: %w", err)
+		return err
 	}
 	if quiet {
 		wait = max(wait, q.Poll) // a watcher's round lasts up to its poll interval
@@ -113,7 +149,7 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	if holder != "" {
 		e.setLeader(holder)
 	}
-	return ls, nil
+	return nil
 }
 
 // heirs is how many followers of a key queue on its lock; the others

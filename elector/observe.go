@@ -8,8 +8,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -67,18 +67,6 @@ func observeOnce(ctx context.Context, connect Connector, key leader.Key, channel
 		return err
 	}
 	defer lockconn.Close(conn)
-	var holderPID uint32
-	var lastLookup time.Time
-	lookup := func() error {
-		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		h, err := leader.Holder(qctx, conn, key)
-		if err == nil {
-			holderPID, lastLookup = h.Holder.PID, time.Now()
-			report(h.Identity())
-		}
-		return err
-	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	if _, err = lockconn.Pin(qctx, conn); err == nil {
 		_, err = conn.Exec(qctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
@@ -87,38 +75,68 @@ func observeOnce(ctx context.Context, connect Connector, key leader.Key, channel
 	if err != nil {
 		return err
 	}
-	if err := lookup(); err != nil {
+	o := &observer{conn: conn, key: key, channel: channel, report: report}
+	if err := o.lookup(ctx); err != nil {
 		return err
 	}
-	due := time.Time{} // a lookup a notification asked for; zero: none
 	for {
-		next := lastLookup.Add(observePoll)
-		if !due.IsZero() && due.Before(next) {
-			next = due
-		}
-		if !time.Now().Before(next) {
-			due = time.Time{}
-			if err := lookup(); err != nil {
-				return err
-			}
-			continue
-		}
-		wctx, cancel := context.WithDeadline(ctx, next)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case err == nil && n.Channel == channel:
-			switch {
-			case n.Payload == "" && holderPID != 0 && n.PID == holderPID:
-				due = time.Now() // the holder stepped down with no successor: look now
-			case n.PID != holderPID && due.IsZero():
-				due = lastLookup.Add(lockconn.VerifyEvery) // another session speaks: look, rate-limited
-			}
-		case err == nil, errors.Is(err, context.DeadlineExceeded):
-		default:
+		if err := o.step(ctx); err != nil {
 			return err
 		}
 	}
+}
+
+// observer is Observe on one connection: what the server proved of the
+// holder, and a lookup a notification made due.
+type observer struct {
+	conn       *pgx.Conn
+	key        leader.Key
+	channel    string
+	report     func(string)
+	holderPID  uint32
+	lastLookup time.Time
+	due        time.Time // a lookup a notification asked for; zero: none
+}
+
+// lookup reads the holder from pg_locks and reports it.
+func (o *observer) lookup(ctx context.Context) error {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	h, err := leader.Holder(qctx, o.conn, o.key)
+	if err == nil {
+		o.holderPID, o.lastLookup = h.Holder.PID, time.Now()
+		o.report(h.Identity())
+	}
+	return err
+}
+
+// step looks the holder up when a lookup is due (the periodic one, or one
+// a notification asked for), or waits for a notification until then.
+func (o *observer) step(ctx context.Context) error {
+	next := o.lastLookup.Add(observePoll)
+	if !o.due.IsZero() && o.due.Before(next) {
+		next = o.due
+	}
+	if !time.Now().Before(next) {
+		o.due = time.Time{}
+		return o.lookup(ctx)
+	}
+	wctx, cancel := context.WithDeadline(ctx, next)
+	n, err := o.conn.WaitForNotification(wctx)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err == nil && n.Channel == o.channel:
+		switch {
+		case n.Payload == "" && o.holderPID != 0 && n.PID == o.holderPID:
+			o.due = time.Now() // the holder stepped down with no successor: look now
+		case n.PID != o.holderPID && o.due.IsZero():
+			o.due = o.lastLookup.Add(lockconn.VerifyEvery) // another session speaks: look, rate-limited
+		}
+	case err == nil, errors.Is(err, context.DeadlineExceeded):
+	default:
+		return err
+	}
+	return nil
 }

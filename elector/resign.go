@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -52,55 +52,79 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 		return Handover{}, fmt.Errorf("connect: %w", err)
 	}
 	defer lockconn.Close(conn)
-	if _, err := lockconn.Pin(ctx, conn); err != nil {
-		return Handover{}, err
-	}
 	t := lockconn.NewTarget(key, "", "", "")
+	from, err := askFor(ctx, conn, t, key, to)
+	if err != nil {
+		return Handover{From: from}, err
+	}
+	began := time.Now()
+	if err := ask(ctx, conn, t, from, to); err != nil {
+		return Handover{From: from}, err
+	}
+	return waitHandover(ctx, conn, t, from, to, began)
+}
+
+// askFor prepares the asker's session (pinned, listening on its reply
+// channel) and checks that someone leads key, and that to, when named,
+// stands for it. It returns the leader.
+func askFor(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, key leader.Key, to string) (string, error) {
+	if _, err := lockconn.Pin(ctx, conn); err != nil {
+		return "", err
+	}
 	reply := lockconn.ReplyChannel(conn.PgConn().PID())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {
-		return Handover{}, err
+		return "", err
 	}
 	from, err := lockconn.Holder(ctx, conn, t)
 	switch {
 	case err != nil:
-		return Handover{}, err
+		return "", err
 	case from == "":
-		return Handover{}, fmt.Errorf("%w: nobody holds %s", leader.ErrNoLeader, key)
+		return "", fmt.Errorf("%w: nobody holds %s", leader.ErrNoLeader, key)
 	case to != "" && to == from:
-		return Handover{From: from, To: from}, fmt.Errorf("%w: %s already leads %s", leader.ErrRefused, to, key)
+		return from, fmt.Errorf("%w: %s already leads %s", leader.ErrRefused, to, key)
 	}
 	if to != "" {
 		ok, err := lockconn.Standing(ctx, conn, t, to)
 		if err != nil {
-			return Handover{}, err
+			return from, err
 		}
 		if !ok {
-			return Handover{From: from}, fmt.Errorf("%w: %q does not stand for %s", leader.ErrNotCandidate, to, key)
+			return from, fmt.Errorf("%w: %q does not stand for %s", leader.ErrNotCandidate, to, key)
 		}
 	}
-	began := time.Now()
+	return from, nil
+}
+
+// ask sends the request and reads the leader's answer.
+func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from, to string) error {
 	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", t.ResignChannel(), to); err != nil {
-		return Handover{}, err
+		return err
 	}
 	actx, cancel := context.WithTimeout(ctx, answerWait)
 	n, err := conn.WaitForNotification(actx)
 	cancel()
 	switch {
 	case ctx.Err() != nil:
-		return Handover{From: from}, ctx.Err()
+		return ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded):
-		return Handover{From: from}, fmt.Errorf("%w: %s did not answer within %s (it runs a pgleader without resign requests, or its process is paused)", leader.ErrNoAnswer, from, answerWait)
+		return fmt.Errorf("%w: %s did not answer within %s (it runs a pgleader without resign requests, or its process is paused)", leader.ErrNoAnswer, from, answerWait)
 	case err != nil:
-		return Handover{From: from}, err
+		return err
 	}
 	switch msg := n.Payload; {
 	case msg == "ok":
+		return nil
 	case strings.HasPrefix(msg, "unknown: "):
-		return Handover{From: from}, fmt.Errorf("%w: %s", leader.ErrNotCandidate, strings.TrimPrefix(msg, "unknown: "))
+		return fmt.Errorf("%w: %s", leader.ErrNotCandidate, strings.TrimPrefix(msg, "unknown: "))
 	default:
-		return Handover{From: from}, fmt.Errorf("%w: %s", leader.ErrRefused, strings.TrimPrefix(msg, "refused: "))
+		return fmt.Errorf("%w: %s", leader.ErrRefused, strings.TrimPrefix(msg, "refused: "))
 	}
-	// Granted: wait for the next leader.
+}
+
+// waitHandover waits, once the leader granted the request, for the next
+// leader.
+func waitHandover(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from, to string, began time.Time) (Handover, error) {
 	for {
 		h, err := lockconn.Holder(ctx, conn, t)
 		if err != nil {

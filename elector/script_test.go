@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgleader/pgleader/elector"
-	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -20,6 +20,7 @@ import (
 // confirm answers the next scripted step. Past the script, a campaign round
 // waits out its context and reads as Busy, and a confirm succeeds.
 type scriptLease struct {
+	noHandover
 	mu        sync.Mutex
 	campaigns []step
 	confirms  []step
@@ -133,21 +134,7 @@ func (s *scriptLease) WaitIdle(ctx context.Context, t *lockconn.Target, until ti
 	}
 }
 
-// The scripted lease gets no resign requests.
-func (s *scriptLease) Requester(context.Context, uint32, []string) (string, bool, bool, error) {
-	return "", false, false, nil
-}
-func (s *scriptLease) Reply(context.Context, uint32, string) error  { return nil }
 func (s *scriptLease) Record(context.Context, string, ...any) error { return nil }
-func (s *scriptLease) Standing(context.Context, *lockconn.Target, string) (bool, error) {
-	return false, nil
-}
-func (s *scriptLease) Reserve(context.Context, *lockconn.Target, string, time.Duration) error {
-	return nil
-}
-func (s *scriptLease) Unreserve(context.Context, *lockconn.Target, string, time.Duration) (string, error) {
-	return "", nil
-}
 
 func (s *scriptLease) Unlock(ctx context.Context, t *lockconn.Target) error {
 	s.record("unlock")
@@ -328,3 +315,21 @@ func TestScriptedLateGrantConfirmsBeforeLeading(t *testing.T) {
 
 // ctxTrusted reports whether OnElected's context is still live.
 func ctxTrusted(ctx context.Context) bool { return ctx.Err() == nil }
+
+// noHandover is a lease that gets no resign requests: what a fake of the
+// core lease embeds.
+type noHandover struct{}
+
+func (noHandover) Requester(context.Context, uint32, []string) (string, bool, bool, error) {
+	return "", false, false, nil
+}
+func (noHandover) Reply(context.Context, uint32, string) error { return nil }
+func (noHandover) Standing(context.Context, *lockconn.Target, string) (bool, error) {
+	return false, nil
+}
+func (noHandover) Reserve(context.Context, *lockconn.Target, string, time.Duration) error {
+	return nil
+}
+func (noHandover) Unreserve(context.Context, *lockconn.Target, string, time.Duration) (string, error) {
+	return "", nil
+}

@@ -7,9 +7,9 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
-	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/terms"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 	"go.uber.org/zap"
 )
@@ -211,30 +211,39 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 	log = log.With(zap.String("role", role))
 	why := fmt.Sprintf("requested by role %s (pid %d)", role, req.PID)
 	if req.To != "" {
-		if req.To == c.Identity {
-			answer("refused: " + c.Identity + " already leads")
+		msg, ok := e.reserveFor(ctx, t, ls, req.To, log)
+		if !ok {
+			answer(msg)
 			return nil
 		}
-		if ok, err := ls.Standing(ctx, e.target, req.To); err != nil || !ok {
-			log.Info("resign request refused: no such candidate", zap.Error(err))
-			answer(fmt.Sprintf("unknown: %q does not stand for this key", req.To))
-			return nil
-		}
-		// The named candidate queues within milliseconds of the
-		// reservation's announcement. Wait no longer than a renew
-		// interval: no renew runs meanwhile, and the trust window must not
-		// close.
-		if err := ls.Reserve(ctx, e.target, req.To, min(handoverQueueWait, c.RenewInterval)); err != nil {
-			log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
-			answer("failed: " + err.Error())
-			return nil
-		}
-		t.handoverTo = req.To
 		why = "handover to " + req.To + " " + why
 	}
 	log.Info("resign request granted")
 	answer("ok")
 	return fmt.Errorf("%w: %s", leader.ErrResigned, why)
+}
+
+// reserveFor reserves the lock for the named candidate to (see
+// lockconn.Lease.Reserve) before a granted request's step-down; when it
+// cannot, it returns the answer to the asker and false.
+func (e *Elector) reserveFor(ctx context.Context, t *tenure, ls lease, to string, log *zap.Logger) (string, bool) {
+	c := e.cfg
+	if to == c.Identity {
+		return "refused: " + c.Identity + " already leads", false
+	}
+	if ok, err := ls.Standing(ctx, e.target, to); err != nil || !ok {
+		log.Info("resign request refused: no such candidate", zap.Error(err))
+		return fmt.Sprintf("unknown: %q does not stand for this key", to), false
+	}
+	// The named candidate queues within milliseconds of the reservation's
+	// announcement. Wait no longer than a renew interval: no renew runs
+	// meanwhile, and the trust window must not close.
+	if err := ls.Reserve(ctx, e.target, to, min(handoverQueueWait, c.RenewInterval)); err != nil {
+		log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
+		return "failed: " + err.Error(), false
+	}
+	t.handoverTo = to
+	return "", true
 }
 
 // handoverQueueWait bounds how long a leader waits for a named candidate to
@@ -273,6 +282,31 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 // errReleaseTimeout: OnElected did not return within ReleaseTimeout.
 var errReleaseTimeout = errors.New("OnElected did not return within ReleaseTimeout")
 
+// release ends a graceful step-down: it drains (keeps the lock, renewed,
+// until OnElected returns, or ReleaseTimeout), unlocks, and releases a
+// reservation for a named candidate. It reports whether the session is fit
+// for use, or the fault that ended the drain (the step-down is then a
+// fault's).
+func (e *Elector) release(t *tenure, ls lease, releaseAt time.Time, reason error) (keepConn bool, fault error) {
+	t.log.Info("stepping down: waiting for OnElected to return, renewing meanwhile", zap.NamedError("reason", reason))
+	switch fault := e.drain(t, ls, releaseAt); {
+	case fault == nil:
+		keepConn = e.unlock(ls) == nil
+		if keepConn && t.handoverTo != "" {
+			keepConn = e.unreserve(t, ls)
+		}
+		return keepConn, nil
+	case errors.Is(fault, errReleaseTimeout):
+		t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
+			zap.Duration("release_timeout", e.cfg.ReleaseTimeout))
+		return e.unlock(ls) == nil, nil
+	default:
+		t.log.Error("the lock was lost while OnElected was returning; another leader may act before it returns",
+			zap.NamedError("resign_reason", reason), zap.Error(fault))
+		return false, fault
+	}
+}
+
 // stepDown ends a tenure: stop trusting, cancel OnElected, then either
 // drain (a graceful step-down: keep the lock, renewed, until OnElected
 // returns) and unlock, or (a fault: the lock is gone or in doubt) close the
@@ -288,22 +322,9 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
 	keepConn := false
 	if graceful {
-		t.log.Info("stepping down: waiting for OnElected to return, renewing meanwhile", zap.NamedError("reason", reason))
-		switch fault := e.drain(t, ls, releaseAt); {
-		case fault == nil:
-			keepConn = e.unlock(ls) == nil
-			if keepConn && t.handoverTo != "" {
-				keepConn = e.unreserve(t, ls)
-			}
-		case errors.Is(fault, errReleaseTimeout):
-			t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
-				zap.Duration("release_timeout", c.ReleaseTimeout))
-			keepConn = e.unlock(ls) == nil
-		default:
-			t.log.Error("the lock was lost while OnElected was returning; another leader may act before it returns",
-				zap.NamedError("resign_reason", reason), zap.Error(fault))
-			reason = fault
-			graceful = false
+		var fault error
+		if keepConn, fault = e.release(t, ls, releaseAt, reason); fault != nil {
+			reason, graceful = fault, false
 		}
 	}
 	if !graceful {

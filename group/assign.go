@@ -133,9 +133,9 @@ func mix(x uint64) uint64 {
 	return x
 }
 
-// heirOf is the member that gets a key member me resigned: the one that
+// successorOf is the member that gets a key member me resigned: the one that
 // ranks it highest but me, as assign gives a held key.
-func heirOf(k tag, members []string, me string) string {
+func successorOf(k tag, members []string, me string) string {
 	best, bestScore := "", uint64(0)
 	for _, name := range members {
 		if name == me {

@@ -112,7 +112,7 @@ func TestAssignBounds(t *testing.T) {
 // A hold (a member resigned a key) moves that key only: every other key
 // keeps its owner, whatever the sizes and whichever key is held; the held
 // key goes to the member that ranks it highest but the one that resigned
-// it (heirOf), past the bound if it must.
+// it (successorOf), past the bound if it must.
 func TestAssignHoldMovesOnlyTheHeldKey(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 300 {
@@ -125,8 +125,8 @@ func TestAssignHoldMovesOnlyTheHeldKey(t *testing.T) {
 		held := assign(order, members, map[tag]resignHold{k: {member: from, until: time.Now()}})
 		for j := range order {
 			if j == i {
-				if members[held[j]] == from || members[held[j]] != heirOf(k, members, from) {
-					t.Fatalf("held key went to %s, want heirOf = %s (resigned by %s)", members[held[j]], heirOf(k, members, from), from)
+				if members[held[j]] == from || members[held[j]] != successorOf(k, members, from) {
+					t.Fatalf("held key went to %s, want successorOf = %s (resigned by %s)", members[held[j]], successorOf(k, members, from), from)
 				}
 				continue
 			}

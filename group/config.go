@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pgleader/pgleader/internal/terms"
-	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/internal/wire/terms"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 

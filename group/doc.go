@@ -57,7 +57,7 @@
 // member resigned to this one, taken before the next assignment says so;
 // an ending key is not taken again before its OnDemoted has run.
 //
-// All SQL goes through the wire layer (internal/lockconn: Member for the
+// All SQL goes through the wire layer (internal/wire/lockconn: Member for the
 // main session, Ring for the crash watch), behind the small wire
 // interface, which the package's tests script.
 package group

@@ -12,9 +12,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
-	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/terms"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/inspect"
-	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/harness/testpg"
 	"github.com/pgleader/pgleader/leader"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -60,7 +60,7 @@ func TestShadowedBuiltinsDoNotElectGroupKeys(t *testing.T) {
 
 // Forged group messages: resigns of every key a member owns, in this
 // version's encoding and the one before, on the group's channel and on
-// the heir's own; joins, releases and "gone" for live members; and junk.
+// the successor's own; joins, releases and "gone" for live members; and junk.
 // None moves a key, and junk costs no round.
 func TestGroupForgedMessages(t *testing.T) {
 	srv := sharedServer(t)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 )
 
 // What ends an idle wait, and so which round follows.
@@ -111,7 +111,7 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 
 // resignHeard takes in a member's resign of a key it owned (g.mu held):
 // the key is kept from it for a while, and given to this member at once
-// when it is the heir; only the heir need act now.
+// when it is the successor; only the successor need act now.
 func (g *Group) resignHeard(m lockconn.GroupMessage, sender string) (int, bool) {
 	ks := g.st.keys[m.Key]
 	if ks == nil {
@@ -120,11 +120,11 @@ func (g *Group) resignHeard(m lockconn.GroupMessage, sender string) (int, bool) 
 	}
 	ks.hold = resignHold{member: sender, until: time.Now().Add(10 * g.cfg.RenewInterval)}
 	g.st.dirty = true
-	heir := m.To == g.cfg.Identity
-	if heir {
+	successor := m.To == g.cfg.Identity
+	if successor {
 		ks.gift = true
 	}
-	return wakeLight, heir
+	return wakeLight, successor
 }
 
 // isMine reports whether n came on the group's channels.

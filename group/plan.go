@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -40,10 +40,10 @@ type actions struct {
 	// end (OnDemoted) once they are; overran: those released while
 	// OnElected still runs, past ReleaseTimeout.
 	unlock, released, overran []tag
-	// heirs: resigns to tell, each to the member that gets the key;
+	// toSuccessors: resigns to tell, each to the member that gets the key;
 	// broadcast: resigns to tell the whole group (pending ones, and this
 	// member's held resigns when the members changed).
-	heirs, broadcast []lockconn.GroupMessage
+	toSuccessors, broadcast []lockconn.GroupMessage
 	// adopt: locks held without a tenure (won in a round that failed
 	// after the grant) that are this member's: led from now on.
 	adopt []tag
@@ -143,7 +143,7 @@ func planLeftovers(st *state, held, mine map[tag]bool, a *actions) {
 }
 
 // planBroadcast: a full round tells the group of the resigns told to their
-// heirs alone; and when the members changed, of this member's resigns
+// successors alone; and when the members changed, of this member's resigns
 // still held (a member that joined since has not heard of them, and would
 // assign those keys back to this member, which would not take them).
 func planBroadcast(st *state, in input, members []string, holds map[tag]resignHold) []lockconn.GroupMessage {
@@ -156,8 +156,8 @@ func planBroadcast(st *state, in input, members []string, holds map[tag]resignHo
 	}
 	for k, h := range holds {
 		if h.member == st.me {
-			if heir := heirOf(k, members, st.me); heir != "" {
-				out = append(out, resignedMessage(st.me, k, heir))
+			if next := successorOf(k, members, st.me); next != "" {
+				out = append(out, resignedMessage(st.me, k, next))
 			}
 		}
 	}
@@ -226,11 +226,11 @@ func planTenure(st *state, in input, k tag, ks *keyState, mine bool, holds map[t
 	a.unlock = append(a.unlock, k)
 	a.released = append(a.released, k)
 	if h, ok := holds[k]; ok && h.member == st.me && errors.Is(reason, leader.ErrResigned) {
-		a.heirs = append(a.heirs, resignedMessage(st.me, k, heirOf(k, members, st.me)))
+		a.toSuccessors = append(a.toSuccessors, resignedMessage(st.me, k, successorOf(k, members, st.me)))
 	}
 }
 
-// resignedMessage tells the group that member resigned k to heir.
-func resignedMessage(member string, k tag, heir string) lockconn.GroupMessage {
-	return lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: member, Key: k, To: heir}
+// resignedMessage tells the group that member resigned k to its successor.
+func resignedMessage(member string, k tag, successor string) lockconn.GroupMessage {
+	return lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: member, Key: k, To: successor}
 }

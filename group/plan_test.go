@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -268,8 +268,8 @@ func TestPlanHandsOverWhenOnElectedReturns(t *testing.T) {
 	}
 	same(t, "selfHold", a.selfHold, []tag{k})
 	same(t, "unlock", a.unlock, []tag{k}) // returned already: released this round
-	if len(a.heirs) != 0 {
-		t.Fatalf("a returned OnElected tells heirs %v; only a resign does", a.heirs)
+	if len(a.toSuccessors) != 0 {
+		t.Fatalf("a returned OnElected tells successors %v; only a resign does", a.toSuccessors)
 	}
 }
 
@@ -305,7 +305,7 @@ func TestPlanAdoptsOrReleasesLeftovers(t *testing.T) {
 	}
 }
 
-// resign-held: a key this member resigned is handed over, the heir is told,
+// resign-held: a key this member resigned is handed over, its successor is told,
 // and it is not wanted back while the hold lasts; once it expires it is
 // assigned (and wanted) again.
 func TestPlanResignHold(t *testing.T) {
@@ -316,8 +316,8 @@ func TestPlanResignHold(t *testing.T) {
 	f.st.dirty = true
 	a := planPure(t, f.st, input{now: t0, full: true, held: held(k), members: []string{"a", "b"}})
 	same(t, "unlock", a.unlock, []tag{k})
-	if len(a.heirs) != 1 || a.heirs[0].To != "b" || a.heirs[0].Key != k || a.heirs[0].Kind != lockconn.GroupResigned {
-		t.Fatalf("heirs %+v, want a resign of %v to b", a.heirs, k)
+	if len(a.toSuccessors) != 1 || a.toSuccessors[0].To != "b" || a.toSuccessors[0].Key != k || a.toSuccessors[0].Kind != lockconn.GroupResigned {
+		t.Fatalf("successors %+v, want a resign of %v to b", a.toSuccessors, k)
 	}
 	if a.assign == nil || a.assign.mine[k] {
 		t.Fatalf("the hold does not move the key: %+v", a.assign)

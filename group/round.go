@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/terms"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -129,13 +129,13 @@ func (g *Group) exchange(ctx context.Context, w wire, full bool, a actions) erro
 		ce.Write(zap.Int("unlock", len(a.unlock)), zap.Int("want", len(a.want)), zap.Int("adopt", len(a.adopt)))
 	}
 	x := lockconn.Exchange{Check: !full, Unlock: a.unlock, Want: a.want, Marker: g.marker(),
-		// The heirs first, alone; the others hear of the resigns (they need
+		// The successors first, alone; the others hear of the resigns (they need
 		// them for the same assignment) with the next full round's batch,
 		// off the hand-over's path.
-		Released: len(a.heirs) == 0 || len(a.unlock) > len(a.heirs)}
-	for _, r := range a.heirs {
+		Released: len(a.toSuccessors) == 0 || len(a.unlock) > len(a.toSuccessors)}
+	for _, r := range a.toSuccessors {
 		if r.To != "" {
-			x.Heirs = append(x.Heirs, r)
+			x.Successors = append(x.Successors, r)
 		}
 	}
 	won, unlocked, err := w.Exchange(ctx, x)
@@ -157,7 +157,7 @@ func (g *Group) exchange(ctx context.Context, w wire, full bool, a actions) erro
 func (g *Group) released(a actions) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.st.pending = append(g.st.pending, a.heirs...)
+	g.st.pending = append(g.st.pending, a.toSuccessors...)
 	for _, k := range a.released {
 		if ks := g.st.keys[k]; ks != nil && ks.phase == phaseHanding {
 			g.end(k, ks, ks.tenure.reason)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -115,7 +115,7 @@ type state struct {
 	members  []string
 	pids     map[uint32]string
 	stopping bool
-	// pending are resigns told to their heirs, for the whole group with
+	// pending are resigns told to their successors, for the whole group with
 	// the next full round.
 	pending  []lockconn.GroupMessage
 	trustEnd time.Time // IsLeader is false past it

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/timing"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/terms"
 )
 
 // Reasons for a demotion, handed to OnDemoted and set as the cause of the

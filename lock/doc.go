@@ -4,7 +4,7 @@
 // (Tx, TryTx), make a handler idempotent (RunTx), and keep session locks
 // from leaking through a connection pool (GuardPool).
 //
-// They share the elector's lock session (internal/lockconn.Lease): the same
+// They share the elector's lock session (internal/wire/lockconn.Lease): the same
 // guarded acquisition that never stacks, the same adoption of a grant that
 // raced its lock_timeout, the same check in pg_locks of the session's own
 // backend, and the same refusal of a standby. Keys, holders and errors

@@ -31,7 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/internal/pgtemp"
+	"github.com/pgleader/pgleader/internal/harness/pgtemp"
 	"github.com/pgleader/pgleader/leader"
 )
 

@@ -7,13 +7,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/pgleader/pgleader/internal/fleet"
+	"github.com/pgleader/pgleader/internal/harness/fleet"
 )
 
-// cmdCandidate is the hidden subcommand behind demo and bench: one elector
+// cmdCandidate is the hidden subcommand behind demo: one elector
 // in its own process, reporting events on stdout.
 func cmdCandidate(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("candidate", "candidate (internal: used by demo and bench)", "", stderr)
+	fs, dsn := newFlags("candidate", "candidate (internal: used by demo)", "", stderr)
 	var o fleet.Options
 	fs.StringVar(&o.Key, "key", "", "lock name")
 	fs.StringVar(&o.ID, "id", "", "identity")
@@ -24,7 +24,6 @@ func cmdCandidate(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.Renews, "renews", false, "report every renew")
 	fs.IntVar(&o.Keys, "keys", 0, "run a group member with this many keys (the group is named by --key)")
 	fs.BoolVar(&o.SingleConnection, "single-connection", false, "a group member without its crash watch")
-	fs.BoolVar(&o.Bare, "bare", false, "no elector: a bare pg_advisory_lock waiter (the bench's reference)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

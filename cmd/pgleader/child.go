@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pgleader/pgleader/internal/proc"
+	"github.com/pgleader/pgleader/internal/harness/proc"
 )
 
 // runChild runs argv with the terminal's stdio until it exits. Signals

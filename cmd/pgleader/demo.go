@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/internal/fleet"
-	"github.com/pgleader/pgleader/internal/pgtemp"
+	"github.com/pgleader/pgleader/internal/harness/fleet"
+	"github.com/pgleader/pgleader/internal/harness/pgtemp"
 	"github.com/pgleader/pgleader/leader"
 )
 

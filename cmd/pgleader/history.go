@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgleader/pgleader/internal/terms"
+	"github.com/pgleader/pgleader/internal/wire/terms"
 	"github.com/pgleader/pgleader/leader"
 )
 

@@ -8,7 +8,6 @@
 //	pgleader resign NAME [--to ID]          ask NAME's leader to hand over, gracefully
 //	pgleader history [NAME]                 terms, holders and why each ended (fencing on)
 //	pgleader demo                           3 electors, a resign, a killed leader, a killed backend
-//	pgleader bench                          measure failover (see docs/benchmarks.md)
 //
 // Every subcommand takes --dsn, or $DATABASE_URL. Exit codes: 0 success;
 // 1 error; 2 usage; 75 lock held (lock, without --wait or after it); lock
@@ -48,7 +47,6 @@ Usage:
   pgleader resign [--dsn DSN] [--to IDENTITY] NAME
   pgleader history [--dsn DSN] [--since D] [--json] [NAME]
   pgleader demo   [--dsn DSN]
-  pgleader bench  [--dsn DSN] [--runs N] [--scenarios LIST] [--json]
   pgleader version
 
 Every subcommand takes --dsn or $DATABASE_URL. "pgleader CMD --help" shows
@@ -94,7 +92,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"lock":      cmdLock,
 		"elect":     cmdElect,
 		"demo":      cmdDemo,
-		"bench":     cmdBench,
 		"candidate": cmdCandidate,
 		"version":   cmdVersion,
 		"resign":    cmdResign,

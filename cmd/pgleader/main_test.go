@@ -24,9 +24,9 @@ import (
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/inspect"
-	"github.com/pgleader/pgleader/internal/lockconn"
-	"github.com/pgleader/pgleader/internal/proc"
-	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/harness/proc"
+	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -105,7 +105,7 @@ func TestUsageErrors(t *testing.T) {
 // and a bad flag is a usage error (exit 2).
 func TestNoSecretInUsage(t *testing.T) {
 	env := []string{"DATABASE_URL=postgres://app:hunter2@db.example:5432/app"}
-	for _, sub := range []string{"status", "lock", "elect", "resign", "history", "demo", "bench", "version"} {
+	for _, sub := range []string{"status", "lock", "elect", "resign", "history", "demo", "version"} {
 		for _, tc := range []struct {
 			args []string
 			code int

@@ -1,0 +1,204 @@
+// Command mutate plants the bugs listed in mutants.go into a copy of the
+// module, one at a time, runs the unit tests against each, and reports
+// which bugs the suite kills and which survive. Developers run it by hand
+// (it takes about an hour on 2 cores with the chaos step):
+//
+//	go run ./internal/harness/mutate                      # every mutant, unit packages
+//	go run ./internal/harness/mutate -only drain-without-renew,trust-from-reply
+//	go run ./internal/harness/mutate -chaos 60s           # survivors also face a chaos run
+//	go run ./internal/harness/mutate -list
+//
+// It first runs the suite on the unmutated copy: a red baseline voids the
+// run. A mutant is killed when any test fails (or the build breaks, which
+// it reports as "stillborn": fix the mutant), and survives when all pass.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// unitPackages are the packages whose tests must kill every mutant (the
+// workspace's go.work lets the copy test the metrics module too).
+var unitPackages = []string{"./elector", "./group", "./leader", "./lock", "./health", "./internal/wire/lockconn", "./contrib/promleader"}
+
+func main() {
+	only := flag.String("only", "", "comma-separated mutant IDs (default: all)")
+	chaos := flag.Duration("chaos", 0, "also run TestChaos this long against each survivor")
+	list := flag.Bool("list", false, "list the mutants and exit")
+	timeout := flag.Duration("timeout", 10*time.Minute, "bound on one test run")
+	flag.Parse()
+	if *list {
+		for _, m := range mutants {
+			fmt.Printf("%-30s %-32s %s\n", m.ID, m.File, m.Breaks)
+		}
+		return
+	}
+	if err := run(*only, *chaos, *timeout); err != nil {
+		fmt.Fprintln(os.Stderr, "mutate:", err)
+		os.Exit(1)
+	}
+}
+
+func run(only string, chaos, timeout time.Duration) error {
+	chosen := mutants
+	if only != "" {
+		want := map[string]bool{}
+		for _, id := range strings.Split(only, ",") {
+			want[strings.TrimSpace(id)] = true
+		}
+		chosen = nil
+		for _, m := range mutants {
+			if want[m.ID] {
+				chosen = append(chosen, m)
+				delete(want, m.ID)
+			}
+		}
+		if len(want) > 0 {
+			return fmt.Errorf("unknown mutant IDs: %v", want)
+		}
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "pgleader-mutate-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	if err := copyTree(root, work); err != nil {
+		return err
+	}
+	for _, m := range chosen { // every mutant must apply before anything runs
+		b, err := os.ReadFile(filepath.Join(work, m.File))
+		if err != nil {
+			return fmt.Errorf("%s: %w", m.ID, err)
+		}
+		if n := bytes.Count(b, []byte(m.Old)); n != 1 {
+			return fmt.Errorf("%s: %q occurs %d times in %s, want once", m.ID, m.Old, n, m.File)
+		}
+	}
+	began := time.Now()
+	fmt.Printf("baseline: ")
+	if out, ok := goTest(work, timeout, unitPackages...); !ok {
+		return fmt.Errorf("the unmutated suite fails; fix it first:\n%s", tail(out, 40))
+	}
+	fmt.Printf("green (%s)\n\n%-30s %-9s %8s  %s\n", time.Since(began).Round(time.Second), "mutant", "result", "seconds", "killed by / breaks")
+	killed, stillborn, survived := 0, 0, []mutant{}
+	for _, m := range chosen {
+		path := filepath.Join(work, m.File)
+		orig, _ := os.ReadFile(path)
+		os.WriteFile(path, bytes.Replace(orig, []byte(m.Old), []byte(m.New), 1), 0o644)
+		t0 := time.Now()
+		pkgs := unitPackages
+		if p, ok := mutantPkgs[m.ID]; ok {
+			pkgs = p
+		}
+		out, ok := goTest(work, timeout, pkgs...)
+		result, by := "SURVIVED", m.Breaks
+		switch {
+		case !ok && (strings.Contains(out, "[build failed]") || strings.Contains(out, "[setup failed]")):
+			stillborn++
+			result, by = "stillborn", firstFailure(out)
+		case !ok:
+			killed++
+			result, by = "killed", firstFailure(out)
+		case chaos > 0:
+			cout, cok := goTest(work, timeout, "./internal/harness/chaos", "-run", "TestChaos$", "-chaos.duration", chaos.String(), "-chaos.seed", "1")
+			if !cok {
+				killed++
+				result, by = "killed", "chaos: "+firstFailure(cout)
+			}
+		}
+		if result == "SURVIVED" {
+			survived = append(survived, m)
+		}
+		fmt.Printf("%-30s %-9s %8.0f  %s\n", m.ID, result, time.Since(t0).Seconds(), by)
+		os.WriteFile(path, orig, 0o644)
+	}
+	planted := len(chosen) - stillborn
+	fmt.Printf("\n%d of %d killed (%.0f%%) in %s", killed, planted, 100*float64(killed)/float64(max(1, planted)), time.Since(began).Round(time.Second))
+	if stillborn > 0 {
+		fmt.Printf("; %d stillborn (they do not build: fix them)", stillborn)
+	}
+	fmt.Println()
+	for _, m := range survived {
+		fmt.Printf("survivor %s: %s (%s)\n", m.ID, m.Breaks, m.File)
+	}
+	return nil
+}
+
+// goTest runs go test in dir and reports its output and whether it passed.
+func goTest(dir string, timeout time.Duration, args ...string) (string, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// The golden SQL tests are change detectors: every SQL mutant would
+	// "fail" them. A planted bug must be caught by a test of behaviour.
+	cmd := exec.CommandContext(ctx, "go", append([]string{"test", "-count=1", "-failfast", "-skip", "Golden"}, args...)...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	return string(out), err == nil
+}
+
+// firstFailure names the first failing test in go test's output.
+func firstFailure(out string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if s := strings.TrimSpace(line); strings.HasPrefix(s, "--- FAIL:") || strings.HasPrefix(s, "panic:") ||
+			strings.Contains(s, "[build failed]") {
+			return strings.TrimPrefix(s, "--- FAIL: ")
+		}
+	}
+	return strings.TrimSpace(tail(out, 1))
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run it inside the pgleader module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// copyTree copies the module's files (not .git) to dst.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, 0o644)
+	})
+}

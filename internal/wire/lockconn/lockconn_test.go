@@ -1,0 +1,653 @@
+package lockconn_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+var shared testpg.Shared
+
+func server(t testing.TB) *testpg.Server { return shared.Get(t) }
+
+func TestMain(m *testing.M) { os.Exit(testpg.Main(m, nil, &shared)) }
+
+func session(t testing.TB, id string, lockTimeout time.Duration) (*pgx.Conn, lockconn.Session) {
+	t.Helper()
+	conn, err := leader.DSN(server(t).DSN()).Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lockconn.Close(conn) })
+	sess, err := lockconn.Setup(context.Background(), conn, lockconn.Settings{Identity: id, LockTimeout: lockTimeout, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, sess
+}
+
+func acquire(t testing.TB, conn *pgx.Conn, tag lockconn.Tag) (already, held bool, err error) {
+	r, err := lockconn.ScanAcquire(conn.QueryRow(context.Background(), tag.AcquireSQL("pg_advisory_lock"), tag.Vals...))
+	return r.Already, r.Held, err
+}
+
+// The guarded acquisition never stacks, the check sees the lock, and the
+// setup applied the session settings.
+func TestAcquireCheckUnlock(t *testing.T) {
+	ctx := context.Background()
+	conn, sess := session(t, "lockconn-test", 250*time.Millisecond)
+	tag := lockconn.TagOf(leader.KeyFromName(t.Name()))
+	if err := lockconn.Check(ctx, conn, tag, sess); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("check before acquiring: %v", err)
+	}
+	for i, want := range []bool{false, true, true} {
+		already, held, err := acquire(t, conn, tag)
+		if err != nil || !held || already != want {
+			t.Fatalf("acquire %d: already=%v held=%v err=%v", i, already, held, err)
+		}
+	}
+	if err := lockconn.Check(ctx, conn, tag, sess); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if err := lockconn.Unlock(ctx, conn, tag); err != nil {
+		t.Fatalf("one unlock: %v", err)
+	}
+	if err := lockconn.Unlock(ctx, conn, tag); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("the lock was stacked: a second unlock found it held (%v)", err)
+	}
+	var app, lt string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('lock_timeout')").Scan(&app, &lt); err != nil || app != "lockconn-test" || lt != "250ms" {
+		t.Fatalf("settings: %q %q %v", app, lt, err)
+	}
+	other := sess
+	other.PID++
+	if err := lockconn.Check(ctx, conn, tag, other); !errors.Is(err, lockconn.ErrTransactionPooling) {
+		t.Fatalf("pid mismatch: %v", err)
+	}
+	other = sess
+	other.Token = "someone-else"
+	if err := lockconn.Check(ctx, conn, tag, other); !errors.Is(err, lockconn.ErrTransactionPooling) {
+		t.Fatalf("token mismatch: %v", err)
+	}
+}
+
+// One renew round: the pg_locks check of a held lock.
+//
+//	go test -run '^$' -bench . -benchmem ./internal/wire/lockconn/
+func BenchmarkRenewRound(b *testing.B) {
+	ctx := context.Background()
+	conn, sess := session(b, "bench-renew", time.Second)
+	tag := lockconn.TagOf(leader.KeyFromName("bench-renew"))
+	if _, held, err := acquire(b, conn, tag); err != nil || !held {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := lockconn.Check(ctx, conn, tag, sess); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// A follower's campaign round against a held lock, with lock_timeout=1ms:
+// the holder lookup and the bounded lock wait in one pipelined round trip.
+// Subtract the 1ms wait for the overhead.
+func BenchmarkCampaignRound(b *testing.B) {
+	ctx := context.Background()
+	tag := lockconn.TagOf(leader.KeyFromName("bench-campaign"))
+	holder, _ := session(b, "bench-holder", time.Second)
+	if _, held, err := acquire(b, holder, tag); err != nil || !held {
+		b.Fatal(err)
+	}
+	conn, _ := session(b, "bench-follower", time.Millisecond)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		batch := &pgx.Batch{}
+		batch.Queue(tag.HolderSQL())
+		batch.Queue(tag.AcquireSQL("pg_advisory_lock"), tag.Vals...)
+		br := conn.SendBatch(ctx, batch)
+		var name string
+		var p, own int32
+		if err := br.QueryRow().Scan(&name, &p, &own); err != nil || name != "bench-holder" {
+			b.Fatal(name, err)
+		}
+		if _, err := lockconn.ScanAcquire(br.QueryRow()); err == nil {
+			b.Fatal("acquired a held lock")
+		}
+		br.Close()
+	}
+}
+
+// DISCARD ALL (what poolers run between clients) releases the lock and
+// wipes the session token; pg_advisory_unlock_all releases only the lock.
+func TestSessionResets(t *testing.T) {
+	ctx := context.Background()
+	tag := lockconn.TagOf(leader.KeyFromName(t.Name()))
+	for _, tc := range []struct {
+		sql  string
+		want error
+	}{
+		{"SELECT pg_advisory_unlock_all()", lockconn.ErrLockLost},
+		{"DISCARD ALL", lockconn.ErrTransactionPooling},
+	} {
+		conn, sess := session(t, "reset-test", time.Second)
+		if _, held, err := acquire(t, conn, tag); err != nil || !held {
+			t.Fatalf("acquire: %v", err)
+		}
+		if _, err := conn.Exec(ctx, tc.sql); err != nil {
+			t.Fatal(err)
+		}
+		if err := lockconn.Check(ctx, conn, tag, sess); !errors.Is(err, tc.want) {
+			t.Fatalf("after %s: want %v, got %v", tc.sql, tc.want, err)
+		}
+		lockconn.Close(conn)
+	}
+}
+
+// The renew check matches the whole lock tag and the session's own
+// backend: a second advisory lock on the same session that shares objid but
+// not classid or objsubid does not count, and neither does the same lock
+// held by another session.
+func TestRenewMatchesWholeTagAndOwnBackend(t *testing.T) {
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "tag-test", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	key := leader.Int64Key(7<<32 | 12345) // classid 7, objid 12345, objsubid 1
+	target := lockconn.NewTarget(key, "", "", "")
+	r, err := ls.Campaign(ctx, target, true)
+	if err != nil || !r.Held {
+		t.Fatalf("take the key: %+v %v", r, err)
+	}
+	// Neighbours on the same session, each sharing objid 12345.
+	for _, sql := range []string{
+		"SELECT pg_advisory_lock(8::bigint << 32 | 12345)", // classid 8, objsubid 1
+		"SELECT pg_advisory_lock(7, 12345)",                // classid 7, objsubid 2
+	} {
+		if _, err := ls.Conn().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ls.Renew(ctx, target); err != nil {
+		t.Fatalf("renew while holding the key: %v", err)
+	}
+	if err := ls.Unlock(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("renew after unlocking the key, with neighbours sharing objid held: %v, want ErrLockLost", err)
+	}
+
+	// Another session takes the key: it is held, but not by this backend.
+	other, sess := session(t, "other-holder", time.Second)
+	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1::bigint)", int64(7<<32|12345)); err != nil {
+		t.Fatal(err)
+	}
+	_ = sess
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("renew while another backend holds the key: %v, want ErrLockLost", err)
+	}
+}
+
+// Every layer refuses a hot standby on its own: the session setup, a
+// campaign round (which must lock nothing there), and a renew.
+func TestEveryLayerRefusesAStandby(t *testing.T) {
+	_, standby := testpg.StartWithStandby(t)
+	ctx := context.Background()
+	settings := lockconn.Settings{Identity: "on-standby", LockTimeout: 100 * time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second}
+	conn, err := standby.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := lockconn.Open(ctx, conn, settings); !errors.Is(err, lockconn.ErrStandby) {
+		t.Fatalf("Open on a standby: %v, want ErrStandby", err)
+	}
+	target := lockconn.NewTarget(leader.KeyFromName(t.Name()), "", "", "")
+	conn, err = standby.Connect(ctx) // a session Open never touched
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	ls := lockconn.UnsafeLease(conn)
+	for _, try := range []bool{false, true} {
+		if _, err := ls.Campaign(ctx, target, try); !errors.Is(err, lockconn.ErrStandby) {
+			t.Fatalf("Campaign (try %v) on a standby: %v, want ErrStandby", try, err)
+		}
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d advisory locks taken on the standby (%v)", n, err)
+	}
+	// Take the lock by hand, as a session that passed no check would, and
+	// renew: the renew must see the standby before it sees the lock.
+	if _, err := conn.Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrStandby) {
+		t.Fatalf("Renew on a standby while holding the lock: %v, want ErrStandby", err)
+	}
+}
+
+// The quiet round never stacks: a second round on a held lock reports it
+// as held before the round (for the caller to judge), and one unlock frees
+// it.
+func TestQuietRoundNeverStacks(t *testing.T) {
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "quiet-stack", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	for _, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(3, 4)} {
+		target := lockconn.NewTarget(key, "", "", "")
+		quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 200 * time.Millisecond, Poll: 50 * time.Millisecond, Heirs: 2})
+		if err != nil || !quiet {
+			t.Fatalf("Watch: quiet %v, %v", quiet, err)
+		}
+		r, err := ls.Campaign(ctx, target, false)
+		if err != nil || !r.Held || r.Already {
+			t.Fatalf("first quiet round: %+v %v", r, err)
+		}
+		r, err = ls.Campaign(ctx, target, false)
+		if err != nil || !r.Already {
+			t.Fatalf("second quiet round (a poll) on a held lock: %+v %v, want Already", r, err)
+		}
+		// An heir's round (the lock wait) on a held lock: the same, and it
+		// gives its slot back.
+		if err := ls.TakeSlot(target, 0); err != nil {
+			t.Fatal(err)
+		}
+		r, err = ls.Campaign(ctx, target, false)
+		if err != nil || !r.Already || !r.Proven || ls.Heir(target) {
+			t.Fatalf("an heir's round on a held lock: %+v %v (heir %v), want Already", r, err, ls.Heir(target))
+		}
+		if err := ls.Unlock(ctx, target); err != nil {
+			t.Fatal(err)
+		}
+		if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+			t.Fatalf("after one unlock: %v, want ErrLockLost (the lock was stacked)", err)
+		}
+	}
+}
+
+// The holder lookup names the session that holds the lock, never one of
+// the sessions queued behind it.
+func TestHolderLookupIgnoresWaiters(t *testing.T) {
+	ctx := context.Background()
+	for k := 0; k < 3; k++ {
+		key := leader.KeyFromName(fmt.Sprintf("%s-%d", t.Name(), k))
+		target := lockconn.NewTarget(key, "", "", "")
+		holder, _ := session(t, fmt.Sprintf("holder-%d", k), time.Second)
+		if _, err := holder.Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wctx, stopWaiters := context.WithCancel(ctx)
+		for w := 0; w < 4; w++ {
+			waiter, _ := session(t, fmt.Sprintf("waiter-%d-%d", k, w), 10*time.Second)
+			wg.Add(1)
+			go func() { defer wg.Done(); waiter.Exec(wctx, target.Call("pg_advisory_lock"), target.Vals...) }()
+			if err := testpg.WaitWaiter(ctx, holder, key, fmt.Sprintf("waiter-%d-%d", k, w)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "looker", LockTimeout: time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, seen, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: time.Millisecond, Poll: time.Second, Heirs: 2})
+		if err != nil || seen != fmt.Sprintf("holder-%d", k) {
+			t.Fatalf("holder lookup: %q (%v), want holder-%d", seen, err, k)
+		}
+		ls.Close()
+		stopWaiters() // their connections close, and their waits end
+		wg.Wait()
+	}
+}
+
+// A shared hold of the key is no leadership. A session that holds the key
+// only in share mode (its exclusive hold released under it) does not
+// renew, and a holder lookup never names a shared holder: a follower's
+// probe holds a free key shared for an instant, and any role may hold it
+// shared for as long as it likes.
+func TestSharedHoldIsNoLeadership(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "shared-test", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(key, "", "", "")
+	if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
+		t.Fatalf("take the key: %+v %v", r, err)
+	}
+	// The session also takes the key shared, then lets go of its
+	// exclusive hold: it holds the key, but only shared.
+	if _, err := ls.Conn().Exec(ctx, target.Call("pg_advisory_lock_shared"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Conn().Exec(ctx, target.Call("pg_advisory_unlock"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrLockLost) {
+		t.Fatalf("renew while holding the key only shared: %v, want ErrLockLost", err)
+	}
+
+	// Another session holds the key shared: a lookup finds no holder.
+	sharer, _ := session(t, "sharer", time.Second)
+	if _, err := sharer.Exec(ctx, target.Call("pg_advisory_lock_shared"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	looker, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk, err := lockconn.Open(ctx, looker, lockconn.Settings{Identity: "looker", LockTimeout: time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	if _, seen, err := lk.Watch(ctx, target, lockconn.Quiet{Wait: time.Millisecond, Poll: time.Second, Heirs: 2}); err != nil || seen != "" {
+		t.Fatalf("holder lookup with the key held shared by two sessions: %q (%v), want none", seen, err)
+	}
+}
+
+// The pooling symptoms, classified without a server: vanished or colliding
+// prepared statements, and this session's own function missing.
+func TestPoolingSymptoms(t *testing.T) {
+	for _, tt := range []struct {
+		err     error
+		pooling bool
+	}{
+		{&pgconn.PgError{Code: "26000", Message: `prepared statement "x" does not exist`}, true},
+		{&pgconn.PgError{Code: "42P05", Message: `prepared statement "x" already exists`}, true},
+		{&pgconn.PgError{Code: "42883", Message: "function pg_temp.pgleader_wait(bigint, oid, oid, smallint, integer) does not exist"}, true},
+		{&pgconn.PgError{Code: "42883", Message: "function pg_temp.pgleader_poll(bigint, oid, oid, smallint, integer, text, integer[]) does not exist"}, true},
+		{&pgconn.PgError{Code: "42883", Message: "function other_function() does not exist"}, false},
+		{&pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}, false},
+	} {
+		err := lockconn.Pooling(tt.err)
+		var pgErr *pgconn.PgError
+		if errors.Is(err, lockconn.ErrTransactionPooling) != tt.pooling || !errors.As(err, &pgErr) {
+			t.Errorf("Pooling(%v) = %v; want pooling %v with the cause kept", tt.err, err, tt.pooling)
+		}
+	}
+}
+
+// A quiet fleet queues only its heirs on the lock: with two heir slots and
+// four followers, two wait in pg_locks and two watch idle, and every one of
+// them holds the roster lock. When the leader releases, an heir takes the
+// lock in its own round trip (proven) and frees its slot, which a watcher
+// takes at its next poll.
+func TestQuietHeirsAndWatchers(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	q := lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 30 * time.Second}
+	type member struct {
+		ls *lockconn.Lease
+		t  *lockconn.Target
+	}
+	var ms []member
+	for i := 0; i < 5; i++ {
+		conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: fmt.Sprintf("heirs-%d", i), LockTimeout: time.Second, Lease: 30 * time.Second, KeepIdle: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ls.Close()
+		target := lockconn.NewTarget(key, "", "", "")
+		if quiet, _, err := ls.Watch(ctx, target, q); err != nil || !quiet {
+			t.Fatalf("Watch: %v %v", quiet, err)
+		}
+		ms = append(ms, member{ls, target})
+	}
+	// The first poll of the first member takes the free lock.
+	r, err := ms[0].ls.Campaign(ctx, ms[0].t, false)
+	if err != nil || !r.Held || !r.Proven {
+		t.Fatalf("first poll on a free lock: %+v %v", r, err)
+	}
+	// The others poll: two of them take the slots.
+	heirs := 0
+	for _, m := range ms[1:] {
+		r, err := m.ls.Campaign(ctx, m.t, false)
+		if err != nil || r.Held || !r.Busy {
+			t.Fatalf("poll: %+v %v", r, err)
+		}
+		if m.ls.Heir(m.t) {
+			heirs++
+		}
+	}
+	if heirs != 2 {
+		t.Fatalf("%d heirs, want 2", heirs)
+	}
+	// A session that holds a lock or a slot has the server-side lease; a
+	// watcher, which holds neither, runs without it.
+	for i, m := range ms {
+		if m.ls.Major() < 14 {
+			break
+		}
+		var got string
+		if err := m.ls.Conn().QueryRow(ctx, "SHOW idle_session_timeout").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: "30s", false: "0"}[i == 0 || m.ls.Heir(m.t)]; got != want {
+			t.Errorf("member %d (heir %v): idle_session_timeout %s, want %s", i, m.ls.Heir(m.t), got, want)
+		}
+	}
+	// The heirs wait on the lock; pg_locks shows them, the roster shows
+	// all five.
+	won := make(chan int, len(ms))
+	stopCtx, stopAll := context.WithCancel(ctx)
+	stop := stopCtx.Done()
+	var wg sync.WaitGroup
+	for i, m := range ms[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rctx, cancel := context.WithTimeout(stopCtx, 10*time.Second)
+				r, err := m.ls.Campaign(rctx, m.t, false)
+				cancel()
+				if err != nil {
+					select {
+					case <-stop: // the test closed the session
+					default:
+						t.Error(err)
+					}
+					return
+				}
+				if r.Held {
+					if !r.Proven || m.ls.Heir(m.t) {
+						t.Errorf("member %d won: %+v, heir %v", i+1, r, m.ls.Heir(m.t))
+					}
+					won <- i + 1
+					return
+				}
+			}
+		}()
+	}
+	admin, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	count := func(sql string, args ...any) int {
+		var n int
+		if err := admin.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	c, o, s := key.LockTag()
+	deadline := time.Now().Add(30 * time.Second)
+	for count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=$3 AND NOT granted`, c, o, s) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two heirs never queued on the lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=2 AND mode='ShareLock' AND granted`,
+		uint32(lockconn.Space), uint32(ms[0].t.Roster())); n != 5 {
+		t.Fatalf("roster: %d sessions, want 5", n)
+	}
+	if err := ms[0].ls.Unlock(ctx, ms[0].t); err != nil {
+		t.Fatal(err)
+	}
+	w := <-won
+	// The winner's slot is free again: a watcher takes it, so two heirs
+	// queue again.
+	deadline = time.Now().Add(30 * time.Second)
+	for count(`SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND classid=$1 AND objid=$2 AND objsubid=$3 AND NOT granted`, c, o, s) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after member %d won, the heirs were not replenished", w)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopAll()
+	wg.Wait()
+	ms[w].ls.Unlock(ctx, ms[w].t)
+}
+
+// The quiet functions refuse to lock on a backend that does not carry the
+// session's token (another client's state on a shared, pooled backend):
+// the round reports transaction pooling and takes nothing, on a watcher's
+// poll and on an heir's wait alike. That check is what lets a grant they
+// report skip the confirm round trip.
+func TestQuietRoundRefusesAForeignBackend(t *testing.T) {
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "foreign", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	key := leader.KeyFromName(t.Name())
+	target := lockconn.NewTarget(key, "", "", "")
+	if quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 100 * time.Millisecond, Poll: time.Millisecond, Heirs: 2}); err != nil || !quiet {
+		t.Fatalf("Watch: %v %v", quiet, err)
+	}
+	if _, err := ls.Conn().Exec(ctx, "SELECT set_config('pgleader.owner', 'another-client', false)"); err != nil {
+		t.Fatal(err)
+	}
+	held := func() int64 {
+		c, o, s := key.LockTag()
+		n, err := server(t).QueryInt(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = $3", c, o, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, role := range []string{"watcher", "heir"} {
+		if role == "heir" {
+			if err := ls.TakeSlot(target, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := ls.Campaign(ctx, target, false)
+		if !errors.Is(err, lockconn.ErrTransactionPooling) || r.Held {
+			t.Fatalf("%s's round on a foreign backend: %+v, %v; want ErrTransactionPooling", role, r, err)
+		}
+		if n := held(); n != 0 {
+			t.Fatalf("%s's round took the lock on a foreign backend (%d entries in pg_locks)", role, n)
+		}
+	}
+}
+
+// A reservation binds for a bounded time: an heir that keeps winning the
+// lock while a session of its role holds the key's gate (a leader that
+// reserved the key and never let go) gives it back for ReservationBinds at
+// most, then keeps it.
+func TestReservationIsBounded(t *testing.T) {
+	defer lockconn.SetReservationBinds(lockconn.SetReservationBinds(300 * time.Millisecond))
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "heir", LockTimeout: time.Second, Lease: 30 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(key, "", "", "")
+	if quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 100 * time.Millisecond, Poll: time.Hour, Heirs: 2, Lease: 30 * time.Second}); err != nil || !quiet {
+		t.Fatalf("Watch: %v %v", quiet, err)
+	}
+	if err := ls.TakeSlot(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The gate, held by a session of the same role for good.
+	stuck, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close(context.Background())
+	if _, err := stuck.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.Space, target.Gate()); err != nil {
+		t.Fatal(err)
+	}
+	began, gaveBack := time.Now(), 0
+	for {
+		r, err := ls.Campaign(ctx, target, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Held {
+			break
+		}
+		if r.Busy {
+			gaveBack++
+		}
+		if time.Since(began) > 30*time.Second {
+			t.Fatalf("the heir still gives the lock back after %s", time.Since(began))
+		}
+	}
+	if gaveBack == 0 {
+		t.Fatal("the heir kept the lock at once: the gate did not bind at all")
+	}
+	t.Logf("kept the lock after %s and %d rounds", time.Since(began).Round(time.Millisecond), gaveBack)
+}

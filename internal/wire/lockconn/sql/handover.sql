@@ -1,0 +1,63 @@
+-- Handover on demand (see handover.go): a leader asked to step down, by
+-- whom, and the reservation of the key for a named candidate. The gate and
+-- name locks are pairs in pgleader's space (space.go).
+
+-- name: requester
+-- The asker's role, and whether it may ask: a superuser, a member of this
+-- session's role, or a member of a role in $2. The server stamped $1 on
+-- the request, and no client can forge it.
+SELECT r.rolname::text, r.rolsuper OR pg_has_role(r.oid, session_user, 'MEMBER')
+    OR EXISTS (SELECT FROM pg_roles g WHERE g.rolname = ANY($2::text[]) AND pg_has_role(r.oid, g.oid, 'MEMBER'))
+  FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid WHERE a.pid = $1
+
+-- name: reply
+SELECT pg_notify($1, $2)
+
+-- name: standing
+-- A session named $1 stands for the key: it holds the key's roster lock
+-- ($2, $3, 2) in share mode (a quiet candidate) or waits for the key
+-- ($4, $5, $6).
+SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
+  WHERE l.locktype = 'advisory' AND a.application_name = $1 AND l.pid <> pg_backend_pid()
+    AND ((l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = 2 AND l.granted)
+      OR (l.classid = $4::oid AND l.objid = $5::oid AND l.objsubid = $6::int2 AND NOT l.granted)))
+
+-- name: reserve
+-- Take the gate ($1, $2) and the name lock ($1, $3), and announce the
+-- reservation on $4 (payload $5) only when both were taken: the NOTIFY is
+-- an InitPlan in the CASE's THEN branch, run only when that branch is.
+SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END
+FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n) s
+
+-- name: queued
+-- A session named $1 waits for the key ($2, $3, $4).
+SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
+  WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = $4::int2 AND NOT l.granted AND a.application_name = $1)
+
+-- name: release
+-- Release the gate ($1, $2) when $4, the name lock ($1, $3) when $5.
+SELECT CASE WHEN $4 THEN pg_advisory_unlock($1, $2) END, CASE WHEN $5 THEN pg_advisory_unlock($1, $3) END
+
+-- name: functions
+-- The followers' side of a reservation, created with the quiet functions
+-- (sql/quiet.sql), which call it at the moment they win the key.
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_reserved(gate int4, me int4) RETURNS bool
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- A handover reserves the key for another candidate: true when the gate
+-- (Space, gate) is held exclusively by a session of this session's own
+-- login role and this session's name lock (Space, me) is free (it is not
+-- the candidate named). Any role can take any advisory lock, so the gate
+-- binds only as far as pg_locks proves it, read only when the gate is
+-- held. gate NULL: this session no longer heeds gates (see quiet.go).
+BEGIN
+  IF gate IS NULL OR pg_temp.pgleader_lock(1885817928, gate::oid, 2::int2, 'probe') THEN
+    RETURN false;
+  END IF;
+  IF NOT pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'probe') THEN
+    RETURN false;
+  END IF;
+  RETURN EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.classid = 1885817928 AND l.objid = (gate::int8 & 4294967295)::oid AND l.objsubid = 2
+      AND l.granted AND l.mode = 'ExclusiveLock'
+      AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid())));
+END $f$;

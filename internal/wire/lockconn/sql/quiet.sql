@@ -1,0 +1,147 @@
+-- The quiet follower's session functions (see quiet.go), created in the
+-- session's own pg_temp, each written once for both key forms: a key is
+-- passed as pg_locks shows it, (c, o, 1) for the bigint key c << 32 | o and
+-- (c, o, 2) for the pair key (c, o). Result codes are quiet.go's roundCode.
+
+-- name: functions
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_lock(c oid, o oid, s int2, how text) RETURNS bool
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- One advisory-lock call on the key (c, o, s): 'try' and 'try_shared'
+-- never wait, 'wait' waits (up to lock_timeout), 'unlock' releases, and
+-- 'probe' is true when the key is free or this backend's: a shared lock
+-- taken and released at once, which never outlives the call (followers
+-- that kept one into their exclusive wait would deadlock each other).
+DECLARE
+  k int8 := (c::int8 << 32) | o::int8;
+  a int4 := (c::int8 - (c::int8 >> 31) * 4294967296)::int4;
+  b int4 := (o::int8 - (o::int8 >> 31) * 4294967296)::int4;
+BEGIN
+  IF how = 'probe' THEN
+    IF pg_temp.pgleader_lock(c, o, s, 'try_shared') THEN
+      IF s = 1 THEN
+        PERFORM pg_advisory_unlock_shared(k);
+      ELSE
+        PERFORM pg_advisory_unlock_shared(a, b);
+      END IF;
+      RETURN true;
+    END IF;
+    RETURN false;
+  END IF;
+  IF s = 1 THEN
+    CASE how
+      WHEN 'try' THEN RETURN pg_try_advisory_lock(k);
+      WHEN 'try_shared' THEN RETURN pg_try_advisory_lock_shared(k);
+      WHEN 'wait' THEN PERFORM pg_advisory_lock(k); RETURN true;
+      WHEN 'unlock' THEN RETURN pg_advisory_unlock(k);
+    END CASE;
+  END IF;
+  CASE how
+    WHEN 'try' THEN RETURN pg_try_advisory_lock(a, b);
+    WHEN 'try_shared' THEN RETURN pg_try_advisory_lock_shared(a, b);
+    WHEN 'wait' THEN PERFORM pg_advisory_lock(a, b); RETURN true;
+    WHEN 'unlock' THEN RETURN pg_advisory_unlock(a, b);
+  END CASE;
+END $f$;
+
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_mine(c oid, o oid, s int2) RETURNS bool
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- This backend holds the key exclusively. pg_locks (a copy of the whole
+-- lock table) is read only when the probe says the key is free or ours,
+-- so never while another session leads.
+BEGIN
+  IF NOT pg_temp.pgleader_lock(c, o, s, 'probe') THEN
+    RETURN false;
+  END IF;
+  RETURN EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.classid = c AND l.objid = o AND l.objsubid = s
+    AND l.granted AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid());
+END $f$;
+
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_guard(pid int4, tok text) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- Before anything is locked: a standby gets 4 (ErrStandby), and a backend
+-- other than the session's own, or without its token, 5
+-- (ErrTransactionPooling); 0 goes on.
+BEGIN
+  IF pg_is_in_recovery() THEN
+    RETURN 4;
+  END IF;
+  IF pg_backend_pid() <> pid OR current_setting('pgleader.owner', true) IS DISTINCT FROM tok THEN
+    RETURN 5;
+  END IF;
+  RETURN 0;
+END $f$;
+
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4, gate int4, me int4) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- An heir's round: wait for the key up to wait_ms, under deadlock_timeout
+-- (no deadlock detector run), catching lock_not_available (no line in the
+-- server's log). 1: won; 3: held before the round (a grant that raced the
+-- last round's timeout); 0: busy; 6: won and given back to a reservation;
+-- 4 and 5 from the guard. A win releases the heir slot.
+DECLARE
+  won int := 1;
+  g int := pg_temp.pgleader_guard(pid, tok);
+BEGIN
+  IF g <> 0 THEN
+    RETURN g;
+  END IF;
+  IF pg_temp.pgleader_mine(c, o, s) THEN
+    won := 3;
+  ELSE
+    BEGIN
+      PERFORM set_config('lock_timeout', wait_ms::text, true);
+      PERFORM pg_temp.pgleader_lock(c, o, s, 'wait');
+    EXCEPTION WHEN lock_not_available THEN
+      -- A wait can time out at the instant of its grant; the session
+      -- then holds the key.
+      IF NOT pg_temp.pgleader_mine(c, o, s) THEN
+        RETURN 0;
+      END IF;
+    END;
+  END IF;
+  IF pg_temp.pgleader_reserved(gate, me) THEN
+    PERFORM pg_temp.pgleader_lock(c, o, s, 'unlock');
+    RETURN 6;
+  END IF;
+  IF heir IS NOT NULL THEN
+    PERFORM pg_temp.pgleader_lock(1885817928, heir::oid, 2::int2, 'unlock');
+  END IF;
+  RETURN won;
+END $f$;
+
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_poll(c oid, o oid, s int2, pid int4, tok text, slots int4[], lease_ms int, gate int4, me int4) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- A watcher's poll, which never waits: take the key if it is free (1; 3
+-- when this backend held it already; 6 when a reservation gives it
+-- back), else a free heir slot (10 + i for slots[i + 1]), else 0. A lock
+-- taken turns the session's idle_session_timeout (the lease) on.
+DECLARE
+  g int := pg_temp.pgleader_guard(pid, tok);
+BEGIN
+  IF g <> 0 THEN
+    RETURN g;
+  END IF;
+  IF pg_temp.pgleader_lock(c, o, s, 'probe') THEN
+    IF pg_temp.pgleader_mine(c, o, s) THEN
+      RETURN 3;
+    ELSIF pg_temp.pgleader_lock(c, o, s, 'try') THEN
+      IF pg_temp.pgleader_reserved(gate, me) THEN
+        PERFORM pg_temp.pgleader_lock(c, o, s, 'unlock');
+        RETURN 6;
+      END IF;
+      IF lease_ms IS NOT NULL THEN
+        PERFORM set_config('idle_session_timeout', lease_ms::text, false);
+      END IF;
+      RETURN 1;
+    END IF;
+  END IF;
+  FOR i IN 1 .. coalesce(array_length(slots, 1), 0) LOOP
+    IF pg_temp.pgleader_lock(1885817928, slots[i]::oid, 2::int2, 'try') THEN
+      IF lease_ms IS NOT NULL THEN
+        PERFORM set_config('idle_session_timeout', lease_ms::text, false);
+      END IF;
+      RETURN 9 + i;
+    END IF;
+  END LOOP;
+  RETURN 0;
+END $f$;
