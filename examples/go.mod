@@ -4,12 +4,12 @@ module github.com/pgleader/pgleader/examples
 // runs, requires it. The library modules need only Go 1.25.
 go 1.26.0
 
-require github.com/pgleader/pgleader v0.0.0-20261201173658-2af76a84efad
+require github.com/pgleader/pgleader v0.0.0-20261201173706-727e5b79cceb
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader/contrib/gocronleader v0.0.0-20261201173658-2af76a84efad
+	github.com/pgleader/pgleader/contrib/gocronleader v0.0.0-20261201173706-727e5b79cceb
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c

@@ -3,6 +3,17 @@ module github.com/pgleader/pgleader/tools
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-20261201173658-2af76a84efad
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/pgleader/pgleader v0.0.0-20261201173706-727e5b79cceb
 	golang.org/x/mod v0.39.0
+)
+
+require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	go.uber.org/multierr v1.10.0 // indirect
+	go.uber.org/zap v1.28.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )

@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/pgleader/pgleader v0.0.0-20261201173658-2af76a84efad
+	github.com/pgleader/pgleader v0.0.0-20261201173706-727e5b79cceb
 	go.uber.org/goleak v1.3.0
 )
 
