@@ -716,3 +716,39 @@ func TestEmptyDSNFailsAtNew(t *testing.T) {
 		t.Fatalf("New with an empty DSN: %v", err)
 	}
 }
+
+// Another client on the member's backend (a pooler that hands it to
+// someone else, who sets their own state) is caught at the next round by
+// the session's token, not only by the pooler check at connect: Run gives
+// up with ErrTransactionPooling, and every key the member led is demoted.
+func TestGroupForeignTokenEndsTheSession(t *testing.T) {
+	srv := sharedServer(t)
+	keys := groupKeys(t.Name(), 4)
+	w := newGroupWatch(t)
+	g, err := group.New(group.Config{Connect: leader.DSN(srv.DSN()), Group: t.Name(), Keys: keys, Identity: "tok",
+		Callbacks: w.callbacks("tok"), RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Logger: testLogger(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	eventually(t, "tok leads all 4 keys", func() (bool, string) { return len(g.Owned()) == 4, fmt.Sprint(g.Owned()) })
+	var once sync.Once
+	group.OnFullRound(g, func(ctx context.Context, conn *pgx.Conn) {
+		once.Do(func() {
+			if _, err := conn.Exec(ctx, "SELECT set_config('pgleader.owner', 'another-client', false)"); err != nil {
+				t.Error(err)
+			}
+		})
+	})
+	err = recv(t, done, "Run's end")
+	if !errors.Is(err, leader.ErrTransactionPooling) {
+		t.Fatalf("Run: %v, want ErrTransactionPooling", err)
+	}
+	if n := len(g.Owned()); n != 0 {
+		t.Fatalf("%d keys still owned after the session ended", n)
+	}
+}

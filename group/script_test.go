@@ -31,6 +31,10 @@ type scriptWire struct {
 	busyBumps int
 	term      int64
 	calls     map[string]int
+	// roundDelay: a full round's reply comes this late; onExchange runs
+	// while an exchange is in flight.
+	roundDelay time.Duration
+	onExchange func()
 }
 
 func newScriptWire(members ...string) *scriptWire {
@@ -52,6 +56,9 @@ func (w *scriptWire) RosterHolder(context.Context) (lockconn.SpaceHolder, error)
 	return lockconn.SpaceHolder{}, nil
 }
 func (w *scriptWire) Round(ctx context.Context, _ []lockconn.GroupMessage, _ string) (lockconn.Scan, error) {
+	if w.roundDelay > 0 {
+		time.Sleep(w.roundDelay)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["round"]++
@@ -62,6 +69,9 @@ func (w *scriptWire) Round(ctx context.Context, _ []lockconn.GroupMessage, _ str
 	return sc, nil
 }
 func (w *scriptWire) Exchange(ctx context.Context, x lockconn.Exchange) ([]tag, bool, error) {
+	if w.onExchange != nil {
+		w.onExchange()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["exchange"]++
@@ -296,5 +306,84 @@ func TestScriptedLightRoundDoesNotExtendTrust(t *testing.T) {
 	g.mu.Unlock()
 	if !after.Equal(before) {
 		t.Fatalf("a light round moved the trust window from %s to %s", before.Format(time.StampMicro), after.Format(time.StampMicro))
+	}
+}
+
+// The trust window runs from when a full round was sent, not from its
+// reply: a slow round must not stretch it toward the server's lease.
+func TestScriptedTrustFromSend(t *testing.T) {
+	g, _ := scripted(t, 2, nil)
+	w := newScriptWire("me")
+	w.roundDelay = 80 * time.Millisecond
+	sent := time.Now()
+	if err := g.round(context.Background(), w, true); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	end := g.st.trustEnd
+	g.mu.Unlock()
+	// The round began a moment after sent; the reply came 80 ms later.
+	if limit := sent.Add(g.cfg.RenewDeadline + 20*time.Millisecond); end.After(limit) {
+		t.Fatalf("trust window ends %s after the round was sent, past RenewDeadline (%s): it counted from the reply",
+			end.Sub(sent), g.cfg.RenewDeadline)
+	}
+}
+
+// A member that starts stopping while an exchange is in flight begins no
+// tenure for the keys that exchange won (they are released next round).
+func TestScriptedNoTenureWhileStopping(t *testing.T) {
+	g, _ := scripted(t, 3, nil)
+	w := newScriptWire("me")
+	w.onExchange = func() { g.stop(context.Canceled) }
+	if err := g.round(context.Background(), w, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := g.leading(); n != 0 {
+		t.Fatalf("%d tenures begun while stopping", n)
+	}
+	// The next round releases what the exchange took.
+	w.onExchange = nil
+	if err := g.round(context.Background(), w, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.held) != 0 {
+		t.Fatalf("a stopping member still holds %d keys", len(w.held))
+	}
+}
+
+// A resign names its successor: only that member takes the key at once
+// (a gift); every other member only keeps it from the one that resigned.
+func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
+	for _, me := range []string{"b", "c"} {
+		g, keys := scripted(t, 6, func(c *Config) { c.Identity = me })
+		w := newScriptWire("a", "b", "c")
+		if err := g.round(context.Background(), w, true); err != nil {
+			t.Fatal(err)
+		}
+		// A key member a owns, resigned to b, from a's main session.
+		var k tag
+		g.mu.Lock()
+		for _, key := range keys {
+			if g.st.owns(tagOf(key), "a") {
+				k = tagOf(key)
+				break
+			}
+		}
+		g.st.pids = map[uint32]string{7: "a"}
+		g.mu.Unlock()
+		if k == (tag{}) {
+			t.Fatal("member a owns no key")
+		}
+		msg := lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: "a", Key: k, To: "b"})
+		g.heard(&pgconn.Notification{PID: 7, Channel: g.channel, Payload: msg}, 4242)
+		g.mu.Lock()
+		gift, hold := g.st.keys[k].gift, g.st.keys[k].hold
+		g.mu.Unlock()
+		if gift != (me == "b") {
+			t.Errorf("member %s: gift %v, want %v (the resign names b)", me, gift, me == "b")
+		}
+		if hold.member != "a" {
+			t.Errorf("member %s: the key is not held back from a: %+v", me, hold)
+		}
 	}
 }

@@ -259,3 +259,108 @@ func TestLockTxOverridesStatementTimeout(t *testing.T) {
 		t.Fatalf("statement_timeout inside the transaction after LockTx: %q, %v", st, err)
 	}
 }
+
+// What the transaction-scoped locks leave on a pooled connection after
+// COMMIT: nothing. No advisory lock of the session's (another session can
+// take the key at once), and the session's lock_timeout and
+// statement_timeout as they were; inside the transaction, after Tx, the
+// caller's own settings again.
+func TestTxLeavesNothingBehind(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	other, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := conn.Exec(ctx, "SET lock_timeout = '1234ms'; SET statement_timeout = '56789ms'"); err != nil {
+		t.Fatal(err)
+	}
+	settings := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		var lt, st string
+		if err := q.QueryRow(ctx, "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").Scan(&lt, &st); err != nil {
+			t.Fatal(err)
+		}
+		return lt + " " + st
+	}
+	free := func(key leader.Key) bool {
+		args, vals := key.SQLArgs(1)
+		var ok bool
+		if err := other.QueryRow(ctx, "SELECT pg_try_advisory_lock("+args+")", vals...).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			if _, err := other.Exec(ctx, "SELECT pg_advisory_unlock("+args+")", vals...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ok
+	}
+	lctx, cancel := context.WithTimeout(ctx, waitLong)
+	defer cancel()
+	for _, c := range []struct {
+		name string
+		take func(tx pgx.Tx, key leader.Key) error
+	}{
+		{"Tx", func(tx pgx.Tx, key leader.Key) error { return lock.Tx(lctx, tx, key) }},
+		{"TryTx", func(tx pgx.Tx, key leader.Key) error {
+			ok, err := lock.TryTx(lctx, tx, key)
+			if err == nil && !ok {
+				err = errors.New("not taken")
+			}
+			return err
+		}},
+	} {
+		key := leader.KeyFromName(t.Name() + "/" + c.name)
+		err := pgx.BeginFunc(lctx, conn, func(tx pgx.Tx) error {
+			if err := c.take(tx, key); err != nil {
+				return err
+			}
+			if got := settings(tx); got != "1234ms 56789ms" {
+				t.Errorf("%s: inside the transaction, after it, lock_timeout and statement_timeout are %s, want the caller's 1234ms 56789ms", c.name, got)
+			}
+			if free(key) {
+				t.Errorf("%s: another session took the key inside the transaction", c.name)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := settings(conn); got != "1234ms 56789ms" {
+			t.Errorf("%s: after COMMIT the session's lock_timeout and statement_timeout are %s, want 1234ms 56789ms", c.name, got)
+		}
+		if !free(key) {
+			t.Errorf("%s: the key is still held after COMMIT (a session lock)", c.name)
+		}
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&n); err != nil || n != 0 {
+			t.Errorf("%s: %d advisory locks left on the connection after COMMIT (%v)", c.name, n, err)
+		}
+	}
+	// RunTx: the duplicate is refused while the first runs, and nothing is
+	// left after it commits.
+	key := leader.KeyFromName(t.Name() + "/RunTx")
+	err = lock.RunTx(lctx, conn, key, func(ctx context.Context, tx pgx.Tx) error {
+		dup := lock.RunTx(ctx, other, key, func(context.Context, pgx.Tx) error {
+			t.Error("RunTx ran a duplicate while the first held the key")
+			return nil
+		})
+		if !errors.Is(dup, lock.ErrInProgress) {
+			t.Errorf("duplicate RunTx: %v, want ErrInProgress", dup)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !free(key) {
+		t.Error("RunTx: the key is still held after COMMIT")
+	}
+}

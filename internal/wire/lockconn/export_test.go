@@ -29,3 +29,6 @@ func SetReservationBinds(d time.Duration) time.Duration {
 	reservationBinds = d
 	return old
 }
+
+// Lookups is how many holder lookups the quiet campaign made.
+func (l *Lease) Lookups() int { return l.lookups }

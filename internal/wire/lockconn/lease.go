@@ -134,6 +134,7 @@ type Lease struct {
 	// Watch.
 	f         *follower
 	listening bool // for resign requests (see Announce)
+	lookups   int  // holder lookups the quiet campaign made (tests)
 	identity  string
 }
 

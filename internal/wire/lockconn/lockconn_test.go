@@ -651,3 +651,122 @@ func TestReservationIsBounded(t *testing.T) {
 	}
 	t.Logf("kept the lock after %s and %d rounds", time.Since(began).Round(time.Millisecond), gaveBack)
 }
+
+// quietSession opens a quiet session for key.
+func quietSession(t *testing.T, id string, key leader.Key, q lockconn.Quiet) (*lockconn.Lease, *lockconn.Target) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: id, LockTimeout: time.Second, Lease: 30 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ls.Close)
+	target := lockconn.NewTarget(key, "", "", "")
+	if quiet, _, err := ls.Watch(ctx, target, q); err != nil || !quiet {
+		t.Fatalf("Watch: %v %v", quiet, err)
+	}
+	return ls, target
+}
+
+// A leader that unlocks with no heir queued announces the vacancy, and a
+// watcher polls at once rather than at its next poll (a minute away here).
+func TestQuietVacancyWakesWatchers(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	q := lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: time.Minute, Heirs: 0, Lease: 30 * time.Second}
+	lead, lt := quietSession(t, "vacancy-leader", key, lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: 10 * time.Millisecond, Heirs: 0, Lease: 30 * time.Second})
+	if r, err := lead.Campaign(ctx, lt, false); err != nil || !r.Held {
+		t.Fatalf("the leader's poll: %+v %v", r, err)
+	}
+	watcher, wt := quietSession(t, "vacancy-watcher", key, q)
+	// Its first poll is due within the first Poll (a minute): it waits.
+	done := make(chan lockconn.Round, 1)
+	go func() {
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			r, err := watcher.Campaign(rctx, wt, false)
+			cancel()
+			if err != nil {
+				t.Error(err)
+				done <- r
+				return
+			}
+			if r.Held {
+				done <- r
+				return
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the watcher waits idle
+	unlocked := time.Now()
+	if err := lead.Unlock(ctx, lt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+		t.Logf("the watcher took the key %s after the unlock", time.Since(unlocked).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watcher did not poll after the vacancy (it waits for its next poll, a minute away)")
+	}
+}
+
+// Announcements from a session that is not the leader (any role can send
+// them) make a follower look the holder up, but a flood of them costs
+// fewer and fewer lookups: the gap doubles, up to eight times VerifyEvery.
+func TestQuietLookupsBackOffUnderAFlood(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	lead, lt := quietSession(t, "flood-leader", key, lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: 10 * time.Millisecond, Heirs: 0, Lease: 30 * time.Second})
+	if r, err := lead.Campaign(ctx, lt, false); err != nil || !r.Held {
+		t.Fatalf("the leader's poll: %+v %v", r, err)
+	}
+	const every = 10 * time.Millisecond
+	watcher, wt := quietSession(t, "flood-watcher", key, lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: time.Minute, Heirs: 0, Lease: 30 * time.Second, VerifyEvery: every})
+	forger, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forger.Close(ctx)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := forger.Exec(ctx, "SELECT pg_notify($1, 'EVIL')", wt.Channel()); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	const window = 1500 * time.Millisecond
+	end := time.Now().Add(window)
+	for time.Now().Before(end) {
+		rctx, cancel := context.WithDeadline(ctx, end)
+		r, err := watcher.Campaign(rctx, wt, false)
+		cancel()
+		if err != nil && rctx.Err() == nil {
+			t.Fatal(err)
+		}
+		if r.Holder != "" && r.Holder != "flood-leader" {
+			t.Fatalf("the watcher reports %q as the holder", r.Holder)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	// With the gap doubling to 8 x 10 ms, about 25 lookups in 1.5 s; one
+	// per VerifyEvery would be 150.
+	if n := watcher.Lookups(); n > 60 || n == 0 {
+		t.Fatalf("%d lookups in %s under a flood, want a few dozen at most (and at least one)", n, window)
+	}
+}

@@ -277,6 +277,7 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 		return Round{}, err
 	}
 	q := l.f
+	l.lookups++
 	holder, pid, free, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL, l.mode()))
 	if err != nil {
 		return Round{}, err
