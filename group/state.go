@@ -68,11 +68,6 @@ type resignHold struct {
 
 func (h resignHold) set() bool { return h.member != "" }
 
-// heldBack reports whether ks is held back from member at now.
-func (ks *keyState) heldBack(member string, now time.Time) bool {
-	return ks.hold.member == member && !now.After(ks.hold.until)
-}
-
 // tenure is one key's tenure in this member, from the grant to OnDemoted.
 type tenure struct {
 	l         leader.Leadership

@@ -75,13 +75,13 @@ type Options struct {
 
 // Checker answers liveness and readiness for one elector.
 type Checker struct {
-	e    *elector.Elector
+	e    elector.Candidate
 	opts Options
 	now  func() time.Time
 }
 
 // NewChecker returns a Checker for e.
-func NewChecker(e *elector.Elector, opts Options) *Checker {
+func NewChecker(e elector.Candidate, opts Options) *Checker {
 	st := e.Status()
 	opts.setDefaults(st.RenewInterval, st.LeaseDuration, st.ReleaseTimeout, "pgleader")
 	return &Checker{e: e, opts: opts, now: time.Now}

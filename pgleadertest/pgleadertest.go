@@ -24,10 +24,14 @@ package pgleadertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -35,8 +39,23 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-// Server is a throwaway PostgreSQL server.
-type Server struct{ s *pgtemp.Server }
+// Server is a throwaway PostgreSQL server, or the server PGLEADERTEST_DSN
+// names (External).
+type Server struct {
+	s   *pgtemp.Server
+	dsn string // an external server's, when s is nil
+}
+
+// DSNEnv names the variable that points the tests at an existing server
+// (a CI service container, a testcontainers instance) instead of a
+// throwaway one: New, Start and Shared then use it. Its fault helpers work
+// there as far as its role allows (TerminateLeader and TerminateBackend
+// need pg_signal_backend, a superuser, or the same role); Restart returns
+// ErrExternal, for the test to skip.
+const DSNEnv = "PGLEADERTEST_DSN"
+
+// ErrExternal is returned by Restart on a server the tests did not start.
+var ErrExternal = errors.New("pgleadertest: the server is " + DSNEnv + "'s, not a throwaway one")
 
 // Mode is how Restart stops the server, as pg_ctl -m says it.
 type Mode string
@@ -71,8 +90,19 @@ func Database() (dsn string, stop func(), err error) {
 }
 
 // New starts a server that the caller stops with Close; Start is the same
-// for a test.
+// for a test. With PGLEADERTEST_DSN set it uses that server instead (it
+// checks that it answers).
 func New() (*Server, error) {
+	if dsn := os.Getenv(DSNEnv); dsn != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := leader.DSN(dsn).Connect(ctx) // its errors never show the password
+		if err != nil {
+			return nil, fmt.Errorf("pgleadertest: %s: %w", DSNEnv, err)
+		}
+		conn.Close(ctx)
+		return &Server{dsn: dsn}, nil
+	}
 	s, err := pgtemp.New(pgtemp.Options{})
 	if err != nil {
 		return nil, err
@@ -92,21 +122,55 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// External reports whether the server is PGLEADERTEST_DSN's.
+func (s *Server) External() bool { return s.s == nil }
+
 // DSN is a connection string for the server's superuser, postgres, in
-// database postgres.
-func (s *Server) DSN() string { return s.s.DSN() }
+// database postgres (an external server: PGLEADERTEST_DSN).
+func (s *Server) DSN() string {
+	if s.s == nil {
+		return s.dsn
+	}
+	return s.s.DSN()
+}
 
-// Addr is the server's "127.0.0.1:port".
-func (s *Server) Addr() string { return s.s.Addr() }
+// Addr is the server's "host:port".
+func (s *Server) Addr() string {
+	if s.s != nil {
+		return s.s.Addr()
+	}
+	cfg, err := pgx.ParseConfig(s.dsn)
+	if err != nil {
+		return ""
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+}
 
-// Connect opens a connection as the superuser.
-func (s *Server) Connect(ctx context.Context) (*pgx.Conn, error) { return s.s.Connect(ctx) }
+// Connect opens a connection as the server's superuser (an external
+// server: as PGLEADERTEST_DSN's role).
+func (s *Server) Connect(ctx context.Context) (*pgx.Conn, error) {
+	if s.s == nil {
+		return pgx.Connect(ctx, s.dsn)
+	}
+	return s.s.Connect(ctx)
+}
 
 // TerminateBackend ends, with pg_terminate_backend, every session whose
 // application_name is identity (an elector's identity), and reports how
 // many it ended. Their advisory locks are freed at once.
 func (s *Server) TerminateBackend(ctx context.Context, identity string) (int, error) {
-	return s.s.TerminateBackend(ctx, identity)
+	if s.s != nil {
+		return s.s.TerminateBackend(ctx, identity)
+	}
+	conn, err := s.Connect(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	var n int
+	err = conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name = $1 AND pid <> pg_backend_pid()`, identity).Scan(&n)
+	return n, err
 }
 
 // TerminateLeader ends the session that holds key and returns its
@@ -136,6 +200,9 @@ func (s *Server) TerminateLeader(ctx context.Context, key leader.Key) (string, e
 // connections again, or with ctx's error (the server may then still be
 // starting).
 func (s *Server) Restart(ctx context.Context, mode Mode) error {
+	if s.s == nil {
+		return fmt.Errorf("%w: Restart needs a throwaway server (skip the test when errors.Is(err, pgleadertest.ErrExternal))", ErrExternal)
+	}
 	if mode != Fast && mode != Immediate {
 		return fmt.Errorf("pgleadertest: restart mode %q: want Fast or Immediate", mode)
 	}
@@ -149,8 +216,13 @@ func (s *Server) Restart(ctx context.Context, mode Mode) error {
 	}
 }
 
-// Close stops the server and removes its files.
-func (s *Server) Close() { s.s.Close() }
+// Close stops the server and removes its files; it does nothing to an
+// external server.
+func (s *Server) Close() {
+	if s.s != nil {
+		s.s.Close()
+	}
+}
 
 // Shared is one server for a whole test package, started on first use and
 // stopped by Main. Tests that share it should use keys of their own.

@@ -32,13 +32,14 @@ import (
 // job run.
 var ErrNotLeader = errors.New("gocronleader: this replica is not the leader")
 
-// Elector adapts an *elector.Elector to gocron.Elector.
-type Elector struct{ e *elector.Elector }
+// Elector adapts an elector.Candidate (an *elector.Elector, or
+// pgleadertest.Fake in a unit test) to gocron.Elector.
+type Elector struct{ e elector.Candidate }
 
 var _ gocron.Elector = Elector{}
 
 // New wraps e. Run e yourself (go e.Run(ctx)).
-func New(e *elector.Elector) Elector { return Elector{e: e} }
+func New(e elector.Candidate) Elector { return Elector{e: e} }
 
 // IsLeader returns nil while this replica leads. It reads the elector's
 // cached state and never blocks or queries: gocron calls it for every run
