@@ -4,12 +4,13 @@ module github.com/pgleader/pgleader/examples
 // runs, requires it. The library modules need only Go 1.25.
 go 1.26.0
 
-require github.com/pgleader/pgleader v0.0.0-20261201173706-727e5b79cceb
+require github.com/pgleader/pgleader v0.0.0-20261201181839-138342bb24c6
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
+	github.com/go-logr/logr v1.4.3
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader/contrib/gocronleader v0.0.0-20261201173706-727e5b79cceb
+	github.com/pgleader/pgleader/contrib/gocronleader v0.0.0-20261201181839-138342bb24c6
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -18,7 +19,6 @@ require (
 
 require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
-	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
