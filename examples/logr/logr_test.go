@@ -1,9 +1,4 @@
-// Package logr shows the one line a logr user (controller-runtime,
-// client-go's klog) needs: logr's own slog bridge, then pgleader's zap core
-// over slog.
-//
-//	Logger: slogcore.New(logr.ToSlogHandler(log)) // log is your logr.Logger
-package logr_test
+package main
 
 import (
 	"context"
