@@ -58,3 +58,26 @@ func ExampleRunTx() {
 	// processing event 1001
 	// <nil>
 }
+
+// At most two replicas run the backfill at once: every replica calls
+// TryRunN with the same n; a third is told the slots are taken.
+func ExampleTryRunN() {
+	ctx := context.Background()
+	key := leader.KeyFromName("backfill")
+	db := leader.DSN(exampleDSN())
+	err := lock.TryRunN(ctx, db, key, 2, lock.Options{Identity: "replica-1"}, func(ctx context.Context, slot int) error {
+		fmt.Println("replica-1 runs in slot", slot)
+		return lock.TryRunN(ctx, db, key, 2, lock.Options{Identity: "replica-2"}, func(ctx context.Context, slot int) error {
+			fmt.Println("replica-2 runs in slot", slot)
+			err := lock.TryRunN(ctx, db, key, 2, lock.Options{Identity: "replica-3"}, func(context.Context, int) error { return nil })
+			fmt.Println("replica-3:", errors.Is(err, lock.ErrHeld))
+			return nil
+		})
+	})
+	fmt.Println(err)
+	// Output:
+	// replica-1 runs in slot 0
+	// replica-2 runs in slot 1
+	// replica-3: true
+	// <nil>
+}

@@ -44,37 +44,12 @@ type Options struct {
 // TryRun returns fn's error otherwise, and leader.ErrTransactionPooling when the
 // connection turns out to be behind a transaction-pooling proxy.
 func TryRun(ctx context.Context, c leader.Connector, key leader.Key, opts Options, fn func(ctx context.Context) error) (err error) {
-	if opts.Identity == "" {
-		opts.Identity = leader.DefaultIdentity()
-	}
-	if opts.CheckInterval == 0 {
-		opts.CheckInterval = time.Second
-	}
-	if opts.LeaseDuration == 0 {
-		opts.LeaseDuration = 6 * time.Second
-	}
-	if opts.Observer == nil {
-		opts.Observer = leader.NopObserver{}
-	}
-	switch {
-	case !key.Valid():
-		return errors.New("pgleader: TryRun: invalid key")
-	case fn == nil:
+	if fn == nil {
 		return errors.New("pgleader: TryRun: nil fn")
-	case opts.CheckInterval < time.Millisecond || opts.LeaseDuration <= 2*opts.CheckInterval:
-		return fmt.Errorf("pgleader: TryRun: need CheckInterval >= 1ms and LeaseDuration > 2 x CheckInterval, got %s and %s", opts.CheckInterval, opts.LeaseDuration)
-	case opts.Wait < 0:
-		return fmt.Errorf("pgleader: TryRun: Wait must not be negative, got %s", opts.Wait)
 	}
-	if err := leader.ConnectorError(c); err != nil {
-		return err
-	}
-	ls, err := openLease(ctx, c, lockconn.Settings{
-		Identity: opts.Identity, LockTimeout: max(opts.Wait, time.Millisecond),
-		Lease: opts.LeaseDuration, KeepIdle: opts.LeaseDuration / 2,
-	})
+	ls, err := opts.open(ctx, c, key, "TryRun")
 	if err != nil {
-		return fmt.Errorf("pgleader: TryRun: %w", err)
+		return err
 	}
 	defer ls.Close()
 	target := lockconn.NewTarget(key, "", "", "")
@@ -91,10 +66,58 @@ func TryRun(ctx context.Context, c leader.Connector, key leader.Key, opts Option
 		}
 		return he
 	}
+	return confirmAndRun(ctx, ls, target, opts, fn)
+}
+
+// defaults fills in opts' zero values.
+func (opts *Options) defaults() {
+	if opts.Identity == "" {
+		opts.Identity = leader.DefaultIdentity()
+	}
+	if opts.CheckInterval == 0 {
+		opts.CheckInterval = time.Second
+	}
+	if opts.LeaseDuration == 0 {
+		opts.LeaseDuration = 6 * time.Second
+	}
+	if opts.Observer == nil {
+		opts.Observer = leader.NopObserver{}
+	}
+}
+
+// open checks key and opts (after defaults) and opens the lock session;
+// what names the caller in errors.
+func (opts *Options) open(ctx context.Context, c leader.Connector, key leader.Key, what string) (*lockconn.Lease, error) {
+	opts.defaults()
+	switch {
+	case !key.Valid():
+		return nil, fmt.Errorf("pgleader: %s: invalid key", what)
+	case opts.CheckInterval < time.Millisecond || opts.LeaseDuration <= 2*opts.CheckInterval:
+		return nil, fmt.Errorf("pgleader: %s: need CheckInterval >= 1ms and LeaseDuration > 2 x CheckInterval, got %s and %s", what, opts.CheckInterval, opts.LeaseDuration)
+	case opts.Wait < 0:
+		return nil, fmt.Errorf("pgleader: %s: Wait must not be negative, got %s", what, opts.Wait)
+	}
+	if err := leader.ConnectorError(c); err != nil {
+		return nil, err
+	}
+	ls, err := openLease(ctx, c, lockconn.Settings{
+		Identity: opts.Identity, LockTimeout: max(opts.Wait, time.Millisecond),
+		Lease: opts.LeaseDuration, KeepIdle: opts.LeaseDuration / 2,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgleader: %s: %w", what, err)
+	}
+	return ls, nil
+}
+
+// confirmAndRun proves the grant with a check (the trust window counts
+// from that check's send, not from the acquire's reply), then runs fn
+// while holding the lock.
+func confirmAndRun(ctx context.Context, ls *lockconn.Lease, target *lockconn.Target, opts Options, fn func(ctx context.Context) error) error {
 	deadline := opts.LeaseDuration / 2
 	sent := time.Now()
 	cctx, cancel := context.WithDeadline(context.Background(), sent.Add(deadline))
-	_, err = ls.Confirm(cctx, target)
+	_, err := ls.Confirm(cctx, target)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("pgleader: TryRun: %w", err)

@@ -168,6 +168,46 @@ func TestLock(t *testing.T) {
 	}
 }
 
+// lock -n 2: two commands run at once, each told its slot; a third exits
+// 75; -n 0 is a usage error.
+func TestLockSlots(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	for _, slot := range []string{"0", "1"} {
+		if err := mkfifo(filepath.Join(dir, "release-"+slot)); errors.Is(err, errors.ErrUnsupported) {
+			t.Skip("no named pipes on this system")
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := fmt.Sprintf(`touch %[1]s/started-$PGLEADER_SLOT; read x < %[1]s/release-$PGLEADER_SLOT`, dir)
+	var holders []*exec.Cmd
+	for i, slot := range []string{"0", "1"} {
+		h := exec.Command(bin, "lock", "--dsn", dsn, "-n", "2", "--identity", fmt.Sprintf("holder-%d", i), "backfill", "--", "sh", "-c", script)
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Process.Kill(); h.Wait() })
+		holders = append(holders, h)
+		waitFile(t, filepath.Join(dir, "started-"+slot))
+	}
+	code, out := cli(t, nil, "lock", "--dsn", dsn, "-n", "2", "backfill", "--", "sh", "-c", "echo should-not-run")
+	if code != exitLockHeld || strings.Contains(out, "should-not-run") {
+		t.Fatalf("third of two slots: exit %d, output %q", code, out)
+	}
+	if code, out := cli(t, nil, "lock", "--dsn", dsn, "-n", "0", "backfill", "--", "true"); code != exitUsage || !strings.Contains(out, "-n must be between 1") {
+		t.Fatalf("-n 0: exit %d, output %q", code, out)
+	}
+	for i, slot := range []string{"0", "1"} {
+		if err := os.WriteFile(filepath.Join(dir, "release-"+slot), []byte("go\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if code := exitStatus(holders[i].Wait()); code != 0 {
+			t.Fatalf("holder %d: exit %d", i, code)
+		}
+	}
+}
+
 // elect: the command runs on the leader only, and moves to the other
 // replica when the leader is killed.
 func TestElectHandsOver(t *testing.T) {
