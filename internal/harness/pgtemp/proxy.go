@@ -98,29 +98,73 @@ func (p *Proxy) accept() {
 
 // pipe copies src to dst until an error. While the pair is black-holed it
 // reads and drops, and an error on one side is not passed on to the other:
-// the far end must not learn anything.
+// the far end must not learn anything. What the server sends goes through
+// a queue (see delayed), so that a reply delay is a latency, not a limit
+// on throughput.
 func (p *Proxy) pipe(pr *pair, src, dst net.Conn, bytes, reads *atomic.Int64) {
 	defer p.wg.Done()
+	forward := func(b []byte) error {
+		if pr.isHoled() {
+			return nil
+		}
+		bytes.Add(int64(len(b)))
+		reads.Add(1)
+		_, err := dst.Write(b)
+		return err
+	}
+	var q chan chunk
+	if src == pr.server {
+		q = make(chan chunk, 1<<12)
+		done := make(chan struct{})
+		go p.delayed(pr, q, forward, done)
+		defer func() { close(q); <-done }()
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if d := time.Duration(p.replyDelay.Load()); n > 0 && d > 0 && src == pr.server {
-			time.Sleep(d)
-		}
-		if n > 0 && !pr.isHoled() {
-			bytes.Add(int64(n))
-			reads.Add(1)
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				err = werr
+		if n > 0 {
+			switch {
+			case q != nil:
+				q <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(time.Duration(p.replyDelay.Load()))}
+			default:
+				if werr := forward(buf[:n]); werr != nil {
+					err = werr
+				}
 			}
 		}
 		if err != nil {
-			if !pr.isHoled() {
-				pr.close()
-				p.forget(pr)
-			}
+			p.end(pr)
 			return
 		}
+	}
+}
+
+// chunk is what the server sent, and when to pass it on.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// delayed passes the server's chunks on in order, each at its due time:
+// a chunk read while earlier ones wait is not held back behind them.
+func (p *Proxy) delayed(pr *pair, q <-chan chunk, forward func([]byte) error, done chan<- struct{}) {
+	defer close(done)
+	for c := range q {
+		if d := time.Until(c.due); d > 0 {
+			time.Sleep(d)
+		}
+		if err := forward(c.b); err != nil {
+			p.end(pr)
+		}
+	}
+}
+
+// end closes a pair after an error, unless it is black-holed (its far
+// ends must not learn of it).
+func (p *Proxy) end(pr *pair) {
+	if !pr.isHoled() {
+		pr.close()
+		p.forget(pr)
 	}
 }
 
