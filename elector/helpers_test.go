@@ -171,3 +171,35 @@ func recv[T any](t testing.TB, ch <-chan T, what string) T {
 func readyProbe(e *elector.Elector) func() error {
 	return health.NewChecker(e, health.Options{LeaderOnly: true}).Ready
 }
+
+// askUntilHeard sends a resign request (payload) on channel from conn,
+// which listens on its reply channel, every 100 ms until an answer comes,
+// as RequestResign does: a leader listens for requests only from its
+// first renew on. It returns the answer, after the answers to the copies
+// (read until none comes for 5 intervals).
+func askUntilHeard(t testing.TB, conn *pgx.Conn, channel, payload string) string {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(waitLong)
+	for time.Now().Before(deadline) {
+		if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 5*tInterval)
+			_, err := conn.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				return n.Payload
+			}
+		}
+	}
+	t.Fatalf("no answer to %q on %s within %s", payload, channel, waitLong)
+	return ""
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
@@ -53,12 +54,12 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 	}
 	defer lockconn.Close(conn)
 	t := lockconn.NewTarget(key, "", "", "")
-	from, err := askFor(ctx, conn, t, key, to)
+	from, pid, err := askFor(ctx, conn, t, key, to)
 	if err != nil {
 		return Handover{From: from}, err
 	}
 	began := time.Now()
-	if err := ask(ctx, conn, t, from, to); err != nil {
+	if err := ask(ctx, conn, t, from, pid, to); err != nil {
 		return Handover{From: from}, err
 	}
 	return waitHandover(ctx, conn, t, from, to, began)
@@ -66,44 +67,66 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 
 // askFor prepares the asker's session (pinned, listening on its reply
 // channel) and checks that someone leads key, and that to, when named,
-// stands for it. It returns the leader.
-func askFor(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, key leader.Key, to string) (string, error) {
+// stands for it. It returns the leader and its backend pid.
+func askFor(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, key leader.Key, to string) (string, uint32, error) {
 	if _, err := lockconn.Pin(ctx, conn); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	reply := lockconn.ReplyChannel(conn.PgConn().PID())
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	from, err := lockconn.Holder(ctx, conn, t)
+	from, pid, err := lockconn.Holder(ctx, conn, t)
 	switch {
 	case err != nil:
-		return "", err
+		return "", 0, err
 	case from == "":
-		return "", fmt.Errorf("%w: nobody holds %s", leader.ErrNoLeader, key)
+		return "", 0, fmt.Errorf("%w: nobody holds %s", leader.ErrNoLeader, key)
 	case to != "" && to == from:
-		return from, fmt.Errorf("%w: %s already leads %s", leader.ErrRefused, to, key)
+		return from, pid, fmt.Errorf("%w: %s already leads %s", leader.ErrRefused, to, key)
 	}
 	if to != "" {
 		ok, err := lockconn.Standing(ctx, conn, t, to)
 		if err != nil {
-			return from, err
+			return from, pid, err
 		}
 		if !ok {
-			return from, fmt.Errorf("%w: %q does not stand for %s", leader.ErrNotCandidate, to, key)
+			return from, pid, fmt.Errorf("%w: %q does not stand for %s", leader.ErrNotCandidate, to, key)
 		}
 	}
-	return from, nil
+	return from, pid, nil
 }
 
-// ask sends the request and reads the leader's answer.
-func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from, to string) error {
-	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", t.ResignChannel(), to); err != nil {
-		return err
-	}
+// askAgain is how long an asker waits for an answer before it sends its
+// request again: a leader elected a moment ago listens for requests only
+// from its first renew on (after OnElected started), so a request it was
+// sent before that is never heard.
+const askAgain = 250 * time.Millisecond
+
+// ask sends the request, addressed to the leader's backend pid, and reads
+// the leader's answer, sending the request again every askAgain until an
+// answer comes or answerWait has passed. A leader answers a copy of a
+// request it already granted only if it still leads, and a copy that
+// reaches the next leader is not addressed to it.
+func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from string, pid uint32, to string) error {
+	payload := lockconn.RequestPayload(pid, to)
 	actx, cancel := context.WithTimeout(ctx, answerWait)
-	n, err := conn.WaitForNotification(actx)
-	cancel()
+	defer cancel()
+	var n *pgconn.Notification
+	var err error
+	for {
+		if _, err = conn.Exec(actx, "SELECT pg_catalog.pg_notify($1, $2)", t.ResignChannel(), payload); err != nil {
+			break
+		}
+		wctx, wcancel := context.WithTimeout(actx, askAgain)
+		n, err = conn.WaitForNotification(wctx)
+		wcancel()
+		// An answer, a broken connection, or answerWait over: done. Else
+		// (askAgain passed) the request goes again.
+		if err == nil || actx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+	}
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -126,7 +149,7 @@ func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from, to strin
 // leader.
 func waitHandover(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from, to string, began time.Time) (Handover, error) {
 	for {
-		h, err := lockconn.Holder(ctx, conn, t)
+		h, _, err := lockconn.Holder(ctx, conn, t)
 		if err != nil {
 			return Handover{From: from}, err
 		}

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -153,6 +157,125 @@ func TestResignReasonWithQuickCallback(t *testing.T) {
 		}
 		if reason := recv(t, demoted, "the demotion"); !errors.Is(reason, leader.ErrResigned) {
 			t.Fatalf("resign %d: demoted with %v, want ErrResigned", i, reason)
+		}
+	}
+}
+
+// A request sent the moment a new leader shows in pg_locks, before the
+// leader listens for requests (it begins to with its first renew, after
+// OnElected started), is sent again until it is heard, and answered: here
+// the new leader's replies are delayed 300 ms by a proxy, so it listens
+// some 300 ms after its grant. Sent once, the request was lost, and the
+// asker got ErrNoAnswer after 5 s.
+func TestRequestResignRightAfterElection(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	blocker := mustConn(t, srv)
+	args, vals := key.SQLArgs(1)
+	if _, err := blocker.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	proxy := newProxy(t, srv)
+	startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "slow"}, func(c *elector.Config) {
+		c.RenewInterval, c.RenewDeadline, c.LeaseDuration = elector.DefaultRenewInterval, elector.DefaultRenewDeadline, elector.DefaultLeaseDuration
+	})
+	admin := mustConn(t, srv)
+	if err := testpg.WaitWaiter(ctx, admin, key, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.DelayReplies(300 * time.Millisecond)
+	if _, err := blocker.Exec(ctx, "SELECT pg_advisory_unlock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "slow holds the lock", func() (bool, string) {
+		h, err := leader.Holder(ctx, admin, key)
+		return err == nil && h.Holder.Identity == "slow", fmt.Sprint(h, err)
+	})
+	type result struct {
+		ho  elector.Handover
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		ho, err := elector.RequestResign(ctx, elector.DSN(srv.DSN()), key, "")
+		res <- result{ho, err}
+	}()
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
+	got := recv(t, res, "RequestResign's result")
+	if got.err != nil || got.ho.From != "slow" || got.ho.To != "next" {
+		t.Fatalf("RequestResign right after the election: %+v, %v; want slow -> next", got.ho, got.err)
+	}
+	t.Logf("handover slow -> next, seen %s after the request", got.ho.Took)
+}
+
+// Requests are addressed to the leader's backend: a copy meant for an
+// earlier leader (another pid), and a payload that is no request, are
+// dropped unread, and the leader keeps leading.
+func TestMisaddressedRequestsAreDropped(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	el := start(t, r, opts{dsn: srv.DSN(), key: key, id: "addressed"})
+	r.next("elected", "addressed")
+	h, err := leader.Holder(ctx, mustConn(t, srv), key)
+	if err != nil || h.Holder.Identity != "addressed" {
+		t.Fatalf("holder %+v, %v", h, err)
+	}
+	pid := h.Holder.PID
+	asker := mustConn(t, srv)
+	reply := lockconn.ReplyChannel(asker.PgConn().PID())
+	if _, err := asker.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	_, resign, _, _ := keyChannels(key)
+	// Once a request is answered, the leader listens (the asker's role is
+	// the leader's own here: it may ask).
+	proper := lockconn.RequestPayload(pid, "nobody")
+	if a := askUntilHeard(t, asker, resign, proper); !strings.HasPrefix(a, "unknown: ") {
+		t.Fatalf("answer %q", a)
+	}
+	for _, payload := range []string{
+		lockconn.RequestPayload(pid+1, ""), lockconn.RequestPayload(pid+1, "addressed"),
+		"", "addressed", fmt.Sprintf("%d", pid), fmt.Sprintf("0%d ", pid), fmt.Sprintf("-%d ", pid), " ",
+		proper, // the last: its answer shows that the leader read the others
+	} {
+		if _, err := asker.Exec(ctx, "SELECT pg_notify($1, $2)", resign, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, waitLong)
+	n, err := asker.WaitForNotification(wctx)
+	cancel()
+	if err != nil || !strings.HasPrefix(n.Payload, "unknown: ") {
+		t.Fatalf("the addressed request's answer: %v, %v", n, err)
+	}
+	wctx, cancel = context.WithTimeout(ctx, 5*tInterval)
+	n, err = asker.WaitForNotification(wctx)
+	cancel()
+	if err == nil {
+		t.Fatalf("a second answer, %q: a misaddressed request was taken up", n.Payload)
+	}
+	if st := el.e.Status(); !st.Leading {
+		t.Fatalf("the leader stopped leading: %+v", st)
+	}
+}
+
+func TestRequestPayload(t *testing.T) {
+	for _, c := range []struct {
+		pid uint32
+		to  string
+	}{{1, ""}, {4242, "worker-7"}, {4294967295, "a b  c"}, {77, " lead"}} {
+		pid, to, ok := lockconn.ParseRequest(lockconn.RequestPayload(c.pid, c.to))
+		if !ok || pid != c.pid || to != c.to {
+			t.Errorf("round trip of (%d, %q): (%d, %q, %v)", c.pid, c.to, pid, to, ok)
+		}
+	}
+	for _, bad := range []string{"", "worker-7", "12", "0 x", "-1 x", "+1 x", "01 x", "4294967296 x", " 12 x", "1x y"} {
+		if pid, to, ok := lockconn.ParseRequest(bad); ok {
+			t.Errorf("ParseRequest(%q) = (%d, %q, true), want not a request", bad, pid, to)
 		}
 	}
 }

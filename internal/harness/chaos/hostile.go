@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgleader/pgleader/inspect"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -124,13 +125,23 @@ func (h *harness) burst(conn *pgx.Conn, rng *rand.Rand) error {
 	ids := h.candidates()
 	pick := func() string { return ids[rng.Intn(len(ids))] }
 	n := 50 + rng.Intn(151)
-	b := &pgx.Batch{}
-	for range n {
-		ch, payload := h.forged(rng, pick)
-		b.Queue("SELECT pg_catalog.pg_notify($1, $2)", ch, payload)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	var pid int32
+	if !h.cfg.Group {
+		c, o, s := leader.KeyFromName(h.key).LockTag()
+		err := conn.QueryRow(ctx, `SELECT pid FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory'
+			AND classid OPERATOR(pg_catalog.=) $1 AND objid OPERATOR(pg_catalog.=) $2 AND objsubid OPERATOR(pg_catalog.=) $3
+			AND granted AND mode OPERATOR(pg_catalog.=) 'ExclusiveLock'`, c, o, s).Scan(&pid)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+	}
+	b := &pgx.Batch{}
+	for range n {
+		ch, payload := h.forged(rng, pick, uint32(pid))
+		b.Queue("SELECT pg_catalog.pg_notify($1, $2)", ch, payload)
+	}
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
@@ -138,8 +149,9 @@ func (h *harness) burst(conn *pgx.Conn, rng *rand.Rand) error {
 	return nil
 }
 
-// forged is one forged notification.
-func (h *harness) forged(rng *rand.Rand, pick func() string) (channel, payload string) {
+// forged is one forged notification; resign requests are addressed to
+// leaderPID, the holder's backend pid as any role reads it in pg_locks.
+func (h *harness) forged(rng *rand.Rand, pick func() string, leaderPID uint32) (channel, payload string) {
 	if !h.cfg.Group {
 		c, o, s := leader.KeyFromName(h.key).LockTag()
 		tag := fmt.Sprintf("%d.%d.%d", c, o, s)
@@ -149,9 +161,9 @@ func (h *harness) forged(rng *rand.Rand, pick func() string) (channel, payload s
 		case 1:
 			return "pgleader." + tag, ""
 		case 2:
-			return "pgleader.resign." + tag, ""
+			return "pgleader.resign." + tag, lockconn.RequestPayload(leaderPID, "")
 		case 3:
-			return "pgleader.resign." + tag, pick()
+			return "pgleader.resign." + tag, lockconn.RequestPayload(leaderPID, pick())
 		default:
 			return "pgleader.reserve." + tag, pick()
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,6 +54,29 @@ func ReplyChannel(pid uint32) string { return fmt.Sprintf("pgleader.reply.%d", p
 type Request struct {
 	PID uint32
 	To  string
+}
+
+// A request's payload is addressed: "<leader's backend pid> <to>" (to
+// may be empty, and may hold spaces; the pid never does). An asker sends
+// it again until it is answered, as the leader it saw in pg_locks may not
+// listen yet: it begins to with its first renew, after OnElected started.
+// The address keeps a copy that arrives after a handover from reaching
+// the next leader, which has another backend.
+
+// RequestPayload is the payload of a request to the leader on backend
+// leaderPID, naming to ("" for any candidate).
+func RequestPayload(leaderPID uint32, to string) string {
+	return strconv.FormatUint(uint64(leaderPID), 10) + " " + to
+}
+
+// ParseRequest reads a request's payload; ok is false when it is not one.
+func ParseRequest(payload string) (leaderPID uint32, to string, ok bool) {
+	num, to, found := strings.Cut(payload, " ")
+	pid, err := strconv.ParseUint(num, 10, 32)
+	if !found || err != nil || pid == 0 || num != strconv.FormatUint(pid, 10) {
+		return 0, "", false
+	}
+	return uint32(pid), to, true
 }
 
 // Requester reads who asked: the role of the backend pid, and whether it
@@ -163,9 +188,9 @@ func (l *Lease) release(ctx context.Context, t *Target, to string, gate, name bo
 	return err
 }
 
-// Holder returns the application_name of t's holder, "" when the lock is
-// free.
-func Holder(ctx context.Context, conn *pgx.Conn, t *Target) (string, error) {
-	h, _, _, err := scanHolder(conn.QueryRow(ctx, t.holderSQL))
-	return h, err
+// Holder returns the application_name of t's holder and its backend pid
+// ("" and 0 when the lock is free).
+func Holder(ctx context.Context, conn *pgx.Conn, t *Target) (string, uint32, error) {
+	h, pid, _, err := scanHolder(conn.QueryRow(ctx, t.holderSQL))
+	return h, uint32(pid), err
 }

@@ -284,6 +284,7 @@ const notifySQL = `SELECT pg_notify($1, current_setting('application_name'))`
 // started, off the handover's critical path: the notification wakes every
 // listening session's backend.
 func (l *Lease) Announce(ctx context.Context, t *Target) error {
+	l.dropHeard()
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
 	b.Queue(notifySQL, t.Channel())
@@ -301,6 +302,32 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	}
 	l.listening = true
 	return lostAfterCheck(br.Close())
+}
+
+// dropHeard discards the notifications the connection has read and not
+// yet handed out. Before a tenure's first renew (Announce) these are a
+// follower's hints, useless to a leader, and resign requests an earlier
+// tenure of this session heard after it decided to step down: addressed
+// to this same backend, they would end the new tenure. None can arrive
+// later: the session stopped listening for requests when it unlocked.
+func (l *Lease) dropHeard() {
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for {
+		if _, err := l.conn.WaitForNotification(done); err != nil {
+			return
+		}
+	}
+}
+
+// requestFor returns the candidate a request payload names when it is
+// addressed to the backend pid.
+func requestFor(payload string, pid uint32) (string, bool) {
+	to, ok := "", false
+	if leaderPID, name, parsed := ParseRequest(payload); parsed && leaderPID == pid {
+		to, ok = name, true
+	}
+	return to, ok
 }
 
 // lostAfterCheck names an error that came after a batch's check succeeded:
@@ -349,8 +376,14 @@ func (l *Lease) WaitIdle(ctx context.Context, t *Target, until time.Time) (Reque
 		case ctx.Err() != nil:
 			return Request{}, ctx.Err()
 		case err == nil:
-			if n.Channel == t.ResignChannel() && n.PID != l.sess.PID {
-				return Request{PID: n.PID, To: n.Payload}, nil
+			// Only a request addressed to this backend (see
+			// RequestPayload); any other is a copy meant for an earlier
+			// leader, or garbage, and is dropped unread.
+			if n.Channel != t.ResignChannel() || n.PID == l.sess.PID {
+				continue
+			}
+			if to, ok := requestFor(n.Payload, l.sess.PID); ok {
+				return Request{PID: n.PID, To: to}, nil
 			}
 		case errors.Is(err, context.DeadlineExceeded):
 			return Request{}, nil

@@ -770,3 +770,71 @@ func TestQuietLookupsBackOffUnderAFlood(t *testing.T) {
 		t.Fatalf("%d lookups in %s under a flood, want a few dozen at most (and at least one)", n, window)
 	}
 }
+
+// A resign request that reaches a leader's session after it decided to
+// step down is read (into the connection's buffer) while it unlocks; it
+// is addressed to this same backend, and must not end the session's next
+// tenure: the first renew of a tenure (Announce) drops what was heard
+// before it.
+func TestStaleRequestsDoNotReachTheNextTenure(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "twice", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(key, "", "", "")
+	lead := func() {
+		t.Helper()
+		if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
+			t.Fatalf("campaign: %+v %v", r, err)
+		}
+		if err := ls.Announce(ctx, target); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lead()
+	asker, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer asker.Close(ctx)
+	// The request arrives while the session runs a statement: the server
+	// sends it right after that statement's reply, and the unlock reads it.
+	busy := make(chan error, 1)
+	go func() {
+		_, err := ls.Conn().Exec(ctx, "SELECT pg_sleep(0.3)")
+		busy <- err
+	}()
+	for began := time.Now(); ; {
+		var n int
+		if err := asker.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep%' AND state = 'active'", int32(ls.PID())).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Since(began) > 30*time.Second {
+			t.Fatal("the session's statement never showed as active")
+		}
+	}
+	if _, err := asker.Exec(ctx, "SELECT pg_notify($1, $2)", target.ResignChannel(), lockconn.RequestPayload(ls.PID(), "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Unlock(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	lead()
+	req, err := ls.WaitIdle(ctx, target, time.Now().Add(300*time.Millisecond))
+	if err != nil || req.PID != 0 {
+		t.Fatalf("the next tenure read %+v (%v): a request heard in the tenure before", req, err)
+	}
+}
