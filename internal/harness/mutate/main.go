@@ -9,7 +9,8 @@
 //	go run ./internal/harness/mutate -list
 //
 // It first runs the suite on the unmutated copy: a red baseline voids the
-// run. A mutant is killed when any test fails (or the build breaks, which
+// run. Each mutant runs only the unit packages whose test binaries contain
+// the package it changes: no other test can see it. A mutant is killed when any test fails (or the build breaks, which
 // it reports as "stillborn": fix the mutant), and survives when all pass.
 package main
 
@@ -95,16 +96,17 @@ func run(only string, chaos, timeout time.Duration) error {
 	}
 	fmt.Printf("green (%s)\n\n%-30s %-9s %8s  %s\n", time.Since(began).Round(time.Second), "mutant", "result", "seconds", "killed by / breaks")
 	killed, stillborn, survived := 0, 0, []mutant{}
+	reach := reachers{}
 	for _, m := range chosen {
 		path := filepath.Join(work, m.File)
 		orig, _ := os.ReadFile(path)
 		os.WriteFile(path, bytes.Replace(orig, []byte(m.Old), []byte(m.New), 1), 0o644)
 		t0 := time.Now()
-		pkgs := unitPackages
+		pkgs := reach.of(work, m.File)
 		if p, ok := mutantPkgs[m.ID]; ok {
 			pkgs = p
 		}
-		out, ok := goTest(work, timeout, pkgs...)
+		out, ok := goTestOwnFirst(work, timeout, m.File, pkgs)
 		result, by := "SURVIVED", m.Breaks
 		switch {
 		case !ok && (strings.Contains(out, "[build failed]") || strings.Contains(out, "[setup failed]")):
@@ -136,6 +138,73 @@ func run(only string, chaos, timeout time.Duration) error {
 		fmt.Printf("survivor %s: %s (%s)\n", m.ID, m.Breaks, m.File)
 	}
 	return nil
+}
+
+// reachers caches, per mutated package, the unit packages whose test
+// binaries contain it: only those can see a bug planted in it (the
+// others' results cannot change), so only those run.
+type reachers map[string][]string
+
+// of returns the unit packages whose tests (and their test imports) build
+// file's package in; all of them when go list cannot tell.
+func (r reachers) of(work, file string) []string {
+	dir := "./" + filepath.ToSlash(filepath.Dir(file))
+	if pkgs, ok := r[dir]; ok {
+		return pkgs
+	}
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}", dir)
+	cmd.Dir = work
+	out, err := cmd.Output()
+	if err != nil {
+		return unitPackages
+	}
+	target := strings.TrimSpace(string(out))
+	var pkgs []string
+	for _, p := range unitPackages {
+		cmd := exec.Command("go", "list", "-test", "-deps", "-f", "{{.ImportPath}}", p)
+		cmd.Dir = work
+		deps, err := cmd.Output()
+		if err != nil {
+			return unitPackages
+		}
+		for _, d := range strings.Split(string(deps), "\n") {
+			if d == target {
+				pkgs = append(pkgs, p)
+				break
+			}
+		}
+	}
+	if len(pkgs) == 0 {
+		pkgs = unitPackages
+	}
+	r[dir] = pkgs
+	return pkgs
+}
+
+// goTestOwnFirst runs the tests of file's own package first, when it is
+// one of pkgs, and the rest of pkgs only if those pass: a mutant its own
+// package kills is killed without the slower packages' runs.
+func goTestOwnFirst(work string, timeout time.Duration, file string, pkgs []string) (string, bool) {
+	own := "./" + filepath.ToSlash(filepath.Dir(file))
+	var rest []string
+	found, flags := false, false
+	for _, p := range pkgs {
+		switch {
+		case strings.HasPrefix(p, "-"):
+			flags = true
+		case p == own:
+			found = true
+		default:
+			rest = append(rest, p)
+		}
+	}
+	if !found || flags || len(rest) == 0 {
+		return goTest(work, timeout, pkgs...)
+	}
+	if out, ok := goTest(work, timeout, own); !ok {
+		return out, false
+	}
+	return goTest(work, timeout, rest...)
 }
 
 // goTest runs go test in dir and reports its output and whether it passed.
