@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/pgleader/pgleader v0.0.0-20261201182243-5cc6dc1474c7
+	github.com/pgleader/pgleader v0.0.0-20261201184522-da0b6f2db79b
 	go.uber.org/goleak v1.3.0
 )
 
