@@ -136,3 +136,31 @@ func benchPool(b *testing.B, mode string, query bool) {
 		}
 	}
 }
+
+// The application's own AfterRelease hook, installed before GuardPool,
+// still decides: a connection it vetoes is destroyed, and the guard does
+// not run on it.
+func TestPoolGuardKeepsTheApplicationsVeto(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	var vetoed, leaks atomic.Int32
+	cfg.AfterRelease = func(*pgx.Conn) bool { vetoed.Add(1); return false }
+	lock.GuardPool(cfg, lock.PoolGuard{OnLeak: func(*pgx.Conn, int) { leaks.Add(1) }})
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	first := crashingJob(t, p, leader.KeyFromName(t.Name()))
+	var second uint32
+	if err := p.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&second); err != nil {
+		t.Fatal(err)
+	}
+	if second == first || vetoed.Load() == 0 || leaks.Load() != 0 {
+		t.Fatalf("the application's veto: backends %d then %d, %d vetoes, %d leaks seen by the guard; want a new backend, the veto, and no guard run", first, second, vetoed.Load(), leaks.Load())
+	}
+}

@@ -148,7 +148,7 @@ type reachers map[string][]string
 // of returns the unit packages whose tests (and their test imports) build
 // file's package in; all of them when go list cannot tell.
 func (r reachers) of(work, file string) []string {
-	dir := "./" + filepath.ToSlash(filepath.Dir(file))
+	dir := "./" + filepath.ToSlash(ownDir(file))
 	if pkgs, ok := r[dir]; ok {
 		return pkgs
 	}
@@ -181,11 +181,22 @@ func (r reachers) of(work, file string) []string {
 	return pkgs
 }
 
+// ownDir is the directory of the package file belongs to: its own for a
+// Go file, its parent's for a file a package embeds from a subdirectory
+// (internal/wire/lockconn/sql/quiet.sql belongs to lockconn).
+func ownDir(file string) string {
+	dir := filepath.Dir(file)
+	if strings.HasSuffix(file, ".go") {
+		return dir
+	}
+	return filepath.Dir(dir)
+}
+
 // goTestOwnFirst runs the tests of file's own package first, when it is
 // one of pkgs, and the rest of pkgs only if those pass: a mutant its own
 // package kills is killed without the slower packages' runs.
 func goTestOwnFirst(work string, timeout time.Duration, file string, pkgs []string) (string, bool) {
-	own := "./" + filepath.ToSlash(filepath.Dir(file))
+	own := "./" + filepath.ToSlash(ownDir(file))
 	var rest []string
 	found, flags := false, false
 	for _, p := range pkgs {
