@@ -318,8 +318,17 @@ func waitFor[T any](t testing.TB, ch <-chan T, what string) T {
 // TryRun's trust window counts from when a successful check was sent, not
 // from when its reply came: with replies 400 ms late, fn's context must end
 // about LeaseDuration/2 - 400 ms after the path goes silent, not
-// LeaseDuration/2.
+// LeaseDuration/2. Both for the first check (the confirm before fn runs)
+// and for a renew while fn runs.
 func TestTryRunTrustWindowFromSend(t *testing.T) {
+	for _, afterRenew := range []bool{false, true} {
+		t.Run(map[bool]string{false: "first check", true: "a renew"}[afterRenew], func(t *testing.T) {
+			trustWindowFromSend(t, afterRenew)
+		})
+	}
+}
+
+func trustWindowFromSend(t *testing.T, afterRenew bool) {
 	srv := server(t)
 	proxy, err := testpg.NewProxy(srv.Addr())
 	if err != nil {
@@ -341,6 +350,17 @@ func TestTryRunTrustWindowFromSend(t *testing.T) {
 			})
 	}()
 	waitFor(t, started, "fn")
+	if afterRenew {
+		// The first renew's reply (a second later) comes through: the
+		// session's only traffic while fn runs.
+		before := proxy.ReadsDown.Load()
+		for deadline := time.Now().Add(waitLong); proxy.ReadsDown.Load() == before; {
+			if time.Now().After(deadline) {
+				t.Fatal("no renew reply while fn ran")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 	holed := time.Now()
 	proxy.Blackhole()
 	stop := waitFor(t, cancelled, "the cancellation")
