@@ -167,6 +167,11 @@ func TestRunTxIdempotency(t *testing.T) {
 	}
 	inFirst := make(chan struct{})
 	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	// A failing test still lets the first transaction end, so that the
+	// pool's Close (a cleanup registered earlier, run later) returns.
+	t.Cleanup(letGo)
 	first := make(chan error, 1)
 	go func() {
 		_, err := handle(func() { close(inFirst); <-release })
@@ -178,7 +183,7 @@ func TestRunTxIdempotency(t *testing.T) {
 			t.Fatalf("concurrent duplicate: want ErrInProgress, got %v", err)
 		}
 	}
-	close(release)
+	letGo()
 	if err := waitFor(t, first, "the first transaction"); err != nil {
 		t.Fatal(err)
 	}
