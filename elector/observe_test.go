@@ -94,3 +94,40 @@ func TestObserveSeesVacancy(t *testing.T) {
 	}
 	t.Logf("the vacancy was reported %s after the leader's Run returned", time.Since(stopped).Round(time.Millisecond))
 }
+
+// Observe reports each change once: lookups that find the same holder
+// (here every 10 ms) report nothing, and a new leader is reported once.
+func TestObserveReportsEachChangeOnce(t *testing.T) {
+	defer elector.SetObservePoll(elector.SetObservePoll(10 * time.Millisecond))
+	srv := sharedServer(t)
+	key := testKey(t)
+	r := newRecorder(t)
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "once-a"})
+	r.next("elected", "once-a")
+	seen := make(chan string, 1024)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go elector.Observe(ctx, elector.DSN(srv.DSN()), key, func(id string) { seen <- id })
+	if id := recv(t, seen, "the leader"); id != "once-a" {
+		t.Fatalf("reported %q, want once-a", id)
+	}
+	select { // some 30 lookups find the same holder
+	case id := <-seen:
+		t.Fatalf("reported %q again with no change", id)
+	case <-time.After(300 * time.Millisecond):
+	}
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "once-b"})
+	a.stop()
+	id := recv(t, seen, "the next leader")
+	if id == "" { // a vacancy first
+		id = recv(t, seen, "the next leader")
+	}
+	if id != "once-b" {
+		t.Fatalf("reported %q, want once-b", id)
+	}
+	select {
+	case id := <-seen:
+		t.Fatalf("reported %q again with no change", id)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
