@@ -60,13 +60,21 @@ func TryRun(ctx context.Context, c leader.Connector, key leader.Key, opts Option
 	}
 	opts.Observer.LockWaited(key, time.Since(start), held)
 	if !held {
-		he := &HeldError{Key: key}
-		if h, herr := leader.Holder(ctx, ls.Conn(), key); herr == nil {
-			he.Holder = h.Holder
-		}
-		return he
+		return heldError(ctx, ls, key, opts.LeaseDuration/2)
 	}
 	return confirmAndRun(ctx, ls, target, opts, fn)
+}
+
+// heldError names key's holder, looked up within limit (a HeldError
+// without one when the lookup fails).
+func heldError(ctx context.Context, ls *lockconn.Lease, key leader.Key, limit time.Duration) *HeldError {
+	he := &HeldError{Key: key}
+	hctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	if h, err := leader.Holder(hctx, ls.Conn(), key); err == nil {
+		he.Holder = h.Holder
+	}
+	return he
 }
 
 // defaults fills in opts' zero values.

@@ -66,11 +66,7 @@ func TryRunN(ctx context.Context, c leader.Connector, key leader.Key, n int, opt
 		return fmt.Errorf("pgleader: TryRunN: %w", err)
 	}
 	if target == nil {
-		he := &HeldError{Key: key}
-		if h, herr := leader.Holder(ctx, ls.Conn(), key); herr == nil {
-			he.Holder = h.Holder
-		}
-		return he
+		return heldError(ctx, ls, key, opts.LeaseDuration/2)
 	}
 	return confirmAndRun(ctx, ls, target, opts, func(ctx context.Context) error { return fn(ctx, slot) })
 }

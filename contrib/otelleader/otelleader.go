@@ -60,8 +60,12 @@ var _ leader.Observer = (*Observer)(nil)
 // Scope is the instrumentation scope's name.
 const Scope = "github.com/pgleader/pgleader/contrib/otelleader"
 
-// New creates the instruments on mp's meter.
+// New creates the instruments on mp's meter (otel.GetMeterProvider() for
+// the global one).
 func New(mp metric.MeterProvider, o Options) (*Observer, error) {
+	if mp == nil {
+		return nil, errors.New("otelleader: New: nil MeterProvider (pass otel.GetMeterProvider() for the global one)")
+	}
 	m := mp.Meter(Scope)
 	obs := &Observer{tracer: o.Tracer, spans: map[string]trace.Span{}}
 	var errs []error

@@ -135,3 +135,9 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output: <nil>
 }
+
+func TestNewRefusesANilProvider(t *testing.T) {
+	if obs, err := otelleader.New(nil, otelleader.Options{}); err == nil || obs != nil {
+		t.Fatalf("New(nil): %v, %v; want an error", obs, err)
+	}
+}
