@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/leader"
 )
 
 // Observe follows the leader without campaigning: nobody, then the first
@@ -76,9 +78,8 @@ func TestObserveSeesVacancy(t *testing.T) {
 	srv := sharedServer(t)
 	key := testKey(t)
 	seen := make(chan string, 64)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go elector.Observe(ctx, elector.DSN(srv.DSN()), key, func(id string) { seen <- id })
+	stopObserve := observe(t, srv, key, seen)
+	defer stopObserve()
 	if id := recv(t, seen, "the first report"); id != "" {
 		t.Fatalf("first report %q, want nobody", id)
 	}
@@ -105,9 +106,8 @@ func TestObserveReportsEachChangeOnce(t *testing.T) {
 	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "once-a"})
 	r.next("elected", "once-a")
 	seen := make(chan string, 1024)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go elector.Observe(ctx, elector.DSN(srv.DSN()), key, func(id string) { seen <- id })
+	stopObserve := observe(t, srv, key, seen)
+	defer stopObserve()
 	if id := recv(t, seen, "the leader"); id != "once-a" {
 		t.Fatalf("reported %q, want once-a", id)
 	}
@@ -129,5 +129,27 @@ func TestObserveReportsEachChangeOnce(t *testing.T) {
 	case id := <-seen:
 		t.Fatalf("reported %q again with no change", id)
 	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// observe runs Observe on key, reporting into seen, until the returned
+// stop, which waits for it to return: a test that changes Observe's poll
+// restores it (a deferred call that runs after stop) only once no Observe
+// of its own reads it.
+func observe(t *testing.T, srv *testpg.Server, key leader.Key, seen chan<- string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	report := func(id string) {
+		select {
+		case seen <- id:
+		case <-ctx.Done():
+		}
+	}
+	go func() { done <- elector.Observe(ctx, elector.DSN(srv.DSN()), key, report) }()
+	return func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Observe returned %v, want context.Canceled", err)
+		}
 	}
 }
