@@ -168,8 +168,8 @@ func (s *Server) TerminateBackend(ctx context.Context, identity string) (int, er
 	}
 	defer conn.Close(context.Background())
 	var n int
-	err = conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-WHERE application_name = $1 AND pid <> pg_backend_pid()`, identity).Scan(&n)
+	err = conn.QueryRow(ctx, `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity
+WHERE application_name OPERATOR(pg_catalog.=) $1 AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()`, identity).Scan(&n)
 	return n, err
 }
 
