@@ -752,3 +752,56 @@ func TestGroupForeignTokenEndsTheSession(t *testing.T) {
 		t.Fatalf("%d keys still owned after the session ended", n)
 	}
 }
+
+// A key resigned to a member and resigned again by it at once, before the
+// others' next full round has told them of the first resign: the second
+// resign is believed (it comes from the member a resign by the key's owner
+// hands it to), and another member leads the key within milliseconds, not
+// after the resign hold (10 intervals, 20 s here). The bench found it: one
+// resign in ten waited out the hold after a run of resigns.
+func TestGroupResignedTwiceWithinARound(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 12)
+	members := map[string]*member{}
+	for _, id := range []string{"ta", "tb", "tc"} {
+		members[id] = runMember(t, group.Config{
+			Connect: leader.DSN(srv.DSN()), Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+			RenewInterval: 2 * time.Second, RenewDeadline: 5 * time.Second, LeaseDuration: 10 * time.Second,
+			Logger: testLogger(t, nil),
+		})
+	}
+	balanced(t, w, 12, 4, 4, "ta", "tb", "tc")
+	// Each of ta's keys in turn: the second resign's successor is the
+	// member that has not heard of the first (tc or tb) for about half of
+	// them.
+	for _, k := range members["ta"].g.Owned() {
+		leaderOf := func() string {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.leading[k.String()]
+		}
+		if err := members["ta"].g.Resign(context.Background(), k); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "another member leads the resigned key", func() (bool, string) {
+			l := leaderOf()
+			return l != "" && l != "ta", l
+		})
+		second := leaderOf()
+		began := time.Now()
+		if err := members[second].g.Resign(context.Background(), k); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if l := leaderOf(); l != "" && l != second {
+				t.Logf("%s: ta -> %s -> %s; the second hand-over took %s", k, second, l, time.Since(began))
+				break
+			}
+			if time.Since(began) > 5*time.Second {
+				t.Fatalf("the key %s resigned again by %s was not led by another member within 5 s (the hold is 20 s)", k, second)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}

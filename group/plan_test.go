@@ -438,3 +438,21 @@ func TestPlanMembership(t *testing.T) {
 	a = planPure(t, f2.st, input{now: t0, full: true, held: held(), members: []string{"b"}})
 	same(t, "want", a.want, nil)
 }
+
+// A resign is believed from the key's owner, and from the member a resign
+// by the owner hands the key to (a key resigned twice within one full
+// round: the second resign comes before this member's assignment knows of
+// the first); from no other member.
+func TestOwnsAcceptsTheOwnersSuccessor(t *testing.T) {
+	f := newFixture(8, "a", "a", "b", "c")
+	for _, k := range f.keys {
+		owner := f.st.assigned[f.st.owner[f.st.index[k]]]
+		next := successorOf(k, f.st.assigned, owner)
+		for _, m := range []string{"a", "b", "c"} {
+			want := m == owner || m == next
+			if got := f.st.owns(k, m); got != want {
+				t.Errorf("owns(%v, %s) = %v, want %v (owner %s, its successor %s)", k, m, got, want, owner, next)
+			}
+		}
+	}
+}

@@ -117,7 +117,8 @@ type state struct {
 }
 
 // owns reports whether member owns k as this member sees it: the last
-// assignment gives k to member, or member's own resign of k is held.
+// assignment gives k to member (or to the member whose resign hands k to
+// member), or member's own resign of k is held.
 func (st *state) owns(k tag, member string) bool {
 	if ks := st.keys[k]; ks != nil && ks.hold.member == member {
 		return true
@@ -126,7 +127,12 @@ func (st *state) owns(k tag, member string) bool {
 	if !ok || i >= len(st.owner) || st.owner[i] < 0 || st.owner[i] >= len(st.assigned) {
 		return false
 	}
-	return st.assigned[st.owner[i]] == member
+	// Or the member a resign by the owner hands k to (successorOf): a key
+	// resigned to a member and resigned again by it within one full round
+	// reaches this member before its assignment has the first resign's
+	// hold (the first resign was told to the successor alone).
+	owner := st.assigned[st.owner[i]]
+	return owner == member || successorOf(k, st.assigned, owner) == member
 }
 
 // setKeys replaces the key set: keys in it get a state, keys out of it keep
