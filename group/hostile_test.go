@@ -50,7 +50,11 @@ func TestShadowedBuiltinsDoNotElectGroupKeys(t *testing.T) {
 		after += n
 	}
 	w.mu.Unlock()
-	if after != before {
+	// Shadowed built-ins made every member "win" every key at every round
+	// (190 to 200 elections in 5 s). A loaded machine may end a member's
+	// session once (a missed renew deadline), and each of its keys is then
+	// elected again once: more than that is the bug.
+	if after-before > len(keys) {
 		t.Errorf("%d elections during ten quiet rounds", after-before)
 	}
 	if owned := len(ms[0].g.Owned()) + len(ms[1].g.Owned()); owned != len(keys) {
