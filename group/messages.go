@@ -77,7 +77,8 @@ func (g *Group) stop(reason error) {
 // now, and which. NOTIFY is not authenticated, but the server stamps the
 // sender's backend pid: a message is believed only from a member's main
 // session as the last full round read it (and a resign only from the
-// member that owns the key). From any other session a join is a hint
+// member that owns the key, or the one its owner's resign hands it to:
+// see state.owns). From any other session a join is a hint
 // (one full round at most every hintEvery, which checks pg_locks itself);
 // everything else, and anything malformed, is dropped and costs nothing.
 func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
