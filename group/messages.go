@@ -104,7 +104,7 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 		g.gone[m.Member] = time.Now()
 		return wakeFull, true
 	case m.Kind == lockconn.GroupResigned && m.Member == sender && g.st.owns(m.Key, sender):
-		return g.resignHeard(m, sender)
+		return g.resignHeard(m, sender, n.Channel == g.myChannel)
 	}
 	g.stats.dropped++
 	return 0, false
@@ -113,15 +113,30 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 // resignHeard takes in a member's resign of a key it owned (g.mu held):
 // the key is kept from it for a while, and given to this member at once
 // when it is the successor; only the successor need act now.
-func (g *Group) resignHeard(m lockconn.GroupMessage, sender string) (int, bool) {
+//
+// A resign reaches its successor twice: on the successor's own channel at
+// once, and on the group's channel with the resigner's next full round
+// (for the others' assignments). By then the key may have moved on (the
+// successor led it and resigned it back), so the group's copy is old news
+// where this member knows newer: it never gives the key (the direct
+// message did), and it is dropped where this member already holds a
+// resign of the key or leads it (nobody can have resigned a key since
+// this member took its lock). Believing it would hand the key back to the
+// member that just resigned it, and keep the successor off it for the
+// whole hold (found by the benchmark: resigns of one key back and forth
+// every 200 ms waited out the 10 s hold).
+func (g *Group) resignHeard(m lockconn.GroupMessage, sender string, direct bool) (int, bool) {
 	ks := g.st.keys[m.Key]
 	if ks == nil {
 		g.stats.dropped++ // owns said yes, so this cannot be; drop it all the same
 		return 0, false
 	}
+	if !direct && (ks.phase == phaseLeading || ks.hold.set() && m.To == g.cfg.Identity) {
+		return 0, false
+	}
 	ks.hold = resignHold{member: sender, until: time.Now().Add(10 * g.cfg.RenewInterval)}
 	g.st.dirty = true
-	successor := m.To == g.cfg.Identity
+	successor := direct && m.To == g.cfg.Identity
 	if successor {
 		ks.gift = true
 	}

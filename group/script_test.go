@@ -352,7 +352,8 @@ func TestScriptedNoTenureWhileStopping(t *testing.T) {
 }
 
 // A resign names its successor: only that member takes the key at once
-// (a gift); every other member only keeps it from the one that resigned.
+// (a gift, told on its own channel); every other member, told on the
+// group's channel, only keeps it from the one that resigned.
 func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
 	for _, me := range []string{"b", "c"} {
 		g, keys := scripted(t, 6, func(c *Config) { c.Identity = me })
@@ -364,7 +365,7 @@ func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
 		var k tag
 		g.mu.Lock()
 		for _, key := range keys {
-			if g.st.owns(tagOf(key), "a") {
+			if assignedTo(g, tagOf(key)) == "a" {
 				k = tagOf(key)
 				break
 			}
@@ -375,7 +376,11 @@ func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
 			t.Fatal("member a owns no key")
 		}
 		msg := lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: "a", Key: k, To: "b"})
-		g.heard(&pgconn.Notification{PID: 7, Channel: g.channel, Payload: msg}, 4242)
+		channel := g.channel
+		if me == "b" {
+			channel = g.myChannel
+		}
+		g.heard(&pgconn.Notification{PID: 7, Channel: channel, Payload: msg}, 4242)
 		g.mu.Lock()
 		gift, hold := g.st.keys[k].gift, g.st.keys[k].hold
 		g.mu.Unlock()
@@ -386,4 +391,85 @@ func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
 			t.Errorf("member %s: the key is not held back from a: %+v", me, hold)
 		}
 	}
+}
+
+// A resign's copy on the group's channel comes with the resigner's next
+// full round, and may be old news: the key was resigned to this member on
+// its own channel, led, and resigned again since. Such a copy neither
+// gives the key back nor replaces what this member knows; a fresh copy
+// for a member that knows nothing of the key still keeps it from the
+// resigner, without giving it.
+func TestScriptedOldResignCopies(t *testing.T) {
+	cases := []struct {
+		name     string
+		phase    phase
+		hold     string // the hold this member has on the key before
+		to       string
+		direct   bool
+		wantHold string
+		wantGift bool
+	}{
+		{name: "the successor's own message", to: "b", direct: true, wantHold: "a", wantGift: true},
+		{name: "the group's copy, this member knowing nothing", to: "b", wantHold: "a"},
+		{name: "the group's copy for another member", to: "c", wantHold: "a"},
+		{name: "the group's copy after this member resigned the key back", hold: "b", to: "b", wantHold: "b"},
+		{name: "the group's copy while this member leads the key", phase: phaseLeading, hold: "c", to: "c", wantHold: "c"},
+		{name: "the group's copy to this member while it leads the key", phase: phaseLeading, to: "b"},
+		{name: "a direct message after this member resigned the key back", hold: "b", to: "b", direct: true, wantHold: "a", wantGift: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g, keys := scripted(t, 6, func(c *Config) { c.Identity = "b" })
+			w := newScriptWire("a", "b", "c")
+			if err := g.round(context.Background(), w, true); err != nil {
+				t.Fatal(err)
+			}
+			var k tag
+			g.mu.Lock()
+			for _, key := range keys {
+				if assignedTo(g, tagOf(key)) == "a" {
+					k = tagOf(key)
+					break
+				}
+			}
+			if k == (tag{}) {
+				g.mu.Unlock()
+				t.Fatal("member a owns no key")
+			}
+			g.st.pids = map[uint32]string{7: "a"}
+			ks := g.st.keys[k]
+			// Only heard looks at the phase; the cleanup's stop must see
+			// the real one.
+			was := ks.phase
+			if tc.phase != 0 {
+				ks.phase = tc.phase
+			}
+			if tc.hold != "" {
+				ks.hold = resignHold{member: tc.hold, until: time.Now().Add(time.Minute)}
+			}
+			g.mu.Unlock()
+			channel := g.channel
+			if tc.direct {
+				channel = g.myChannel
+			}
+			msg := lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: "a", Key: k, To: tc.to})
+			g.heard(&pgconn.Notification{PID: 7, Channel: channel, Payload: msg}, 4242)
+			g.mu.Lock()
+			gift, hold := ks.gift, ks.hold.member
+			ks.phase = was
+			g.mu.Unlock()
+			if gift != tc.wantGift || hold != tc.wantHold {
+				t.Fatalf("gift %v, held from %q; want gift %v, held from %q", gift, hold, tc.wantGift, tc.wantHold)
+			}
+		})
+	}
+}
+
+// assignedTo is the member g's last assignment gives k to (g.mu held).
+func assignedTo(g *Group, k tag) string {
+	i, ok := g.st.index[k]
+	if !ok || i >= len(g.st.owner) || g.st.owner[i] < 0 {
+		return ""
+	}
+	return g.st.assigned[g.st.owner[i]]
 }

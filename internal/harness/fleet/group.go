@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+
+	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
@@ -45,6 +49,7 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 		RenewInterval: o.Interval, RenewDeadline: o.Deadline, LeaseDuration: o.Lease,
 		Fencing:          group.Fencing{Enabled: o.Fencing},
 		SingleConnection: o.SingleConnection,
+		Logger:           debugLogger(o.ID),
 	})
 	if err != nil {
 		return err
@@ -52,7 +57,11 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 	resign := func(ctx context.Context) {
 		if owned := g.Owned(); len(owned) > 0 {
 			em.Emit(Event{Ev: "resigning", Identity: o.ID, Data: owned[0].Name()})
-			go g.Resign(ctx, owned[0])
+			go func() {
+				if err := g.Resign(ctx, owned[0]); err != nil && ctx.Err() == nil {
+					em.Emit(Event{Ev: "resign-failed", Identity: o.ID, Data: owned[0].Name(), Err: err.Error()})
+				}
+			}()
 		}
 	}
 	stats := func() string {
@@ -60,4 +69,21 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 		return fmt.Sprintf("%d %d %d", st.Rounds, st.LightRounds, st.WatchWaits)
 	}
 	return serveCommands(ctx, o.ID, in, em, g.Run, resign, stats)
+}
+
+// debugLogger is a member's logger: with $PGLEADER_FLEET_LOGDIR set, debug
+// lines to <dir>/<identity>.log (how the group's resign regression was
+// traced); none otherwise.
+func debugLogger(id string) *zap.Logger {
+	dir := os.Getenv("PGLEADER_FLEET_LOGDIR")
+	if dir == "" {
+		return nil
+	}
+	c := zap.NewDevelopmentConfig()
+	c.OutputPaths = []string{filepath.Join(dir, id+".log")}
+	l, err := c.Build()
+	if err != nil {
+		return nil
+	}
+	return l
 }
