@@ -252,10 +252,16 @@ func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
 	})
 	// Its rounds renew the keys it leads meanwhile: they read no shared
 	// catalog, whose locks a full table would refuse.
+	// (A lock or two the server's own processes let go of may take one
+	// more key: the table is full, not frozen.)
 	waitFullRounds(t, 10, m)
-	if _, n := w.counts(); n != len(first) {
-		t.Fatalf("%d keys led while the table is full, want the %d first", n, len(first))
+	w.mu.Lock()
+	for _, k := range first {
+		if w.leading[k.String()] != "m-a" {
+			t.Errorf("key %s not led while the table is full", k)
+		}
 	}
+	w.mu.Unlock()
 	w.mu.Lock()
 	for k, n := range w.demoted {
 		if n > 0 {

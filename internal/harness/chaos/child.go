@@ -78,10 +78,12 @@ func ChildMain(role string) int {
 	case RoleGroupBroken:
 		return brokenGroupMain(ctx, em, dsn, id)
 	}
+	starve := newStarveWatch(ctx)
 	e, err := elector.New(elector.Config{
 		Connect: elector.DSN(dsn), Key: key, Identity: id,
 		RenewInterval: Interval, RenewDeadline: Deadline, LeaseDuration: Lease, ReleaseTimeout: ReleaseTimeout,
-		Fencing: elector.Fencing{Enabled: true},
+		Fencing:  elector.Fencing{Enabled: true},
+		Observer: starve,
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: l.Term})
@@ -95,10 +97,12 @@ func ChildMain(role string) int {
 				// A slow drain: flushing and committing go on, fenced, while
 				// the elector keeps the lock.
 				if d := time.Duration(drain.Swap(0)); d > 0 {
+					starve.reset()
 					time.Sleep(d)
 					stop()
 					<-wrote
-					em.Emit(testpg.Event{Ev: "returned", Identity: id, Term: l.Term, Data: fmt.Sprintf("drain refused=%d", refused)})
+					em.Emit(testpg.Event{Ev: "returned", Identity: id, Term: l.Term, Data: fmt.Sprintf("drain refused=%d", refused),
+						Err: fmt.Sprintf("starved=%s", starve.worst())})
 					return
 				}
 				stop()
@@ -209,3 +213,50 @@ func brokenMain(ctx context.Context, em *testpg.Emitter, dsn, id string, key lea
 	em.Emit(testpg.Event{Ev: "exited", Identity: id})
 	return 0
 }
+
+// starveWatch measures how starved this process and its server were: the
+// worst lateness of a 10 ms ticker (the process not run) and the worst
+// renew latency (the server or the network slow) since its last reset. A
+// drain whose renews missed the trust window with nothing starved is a
+// bug; with a starved process it is the paused-process case, which only
+// fencing orders (see checkSafety).
+type starveWatch struct {
+	leader.NopObserver
+	worstNs atomic.Int64
+}
+
+func newStarveWatch(ctx context.Context) *starveWatch {
+	w := &starveWatch{}
+	go func() {
+		const tick = 10 * time.Millisecond
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				w.note(now.Sub(last) - tick)
+				last = now
+			}
+		}
+	}()
+	return w
+}
+
+func (w *starveWatch) note(d time.Duration) {
+	for {
+		cur := w.worstNs.Load()
+		if int64(d) <= cur || w.worstNs.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
+// Renewed notes a renew's latency.
+func (w *starveWatch) Renewed(_ leader.Leadership, latency time.Duration) { w.note(latency) }
+
+func (w *starveWatch) reset() { w.worstNs.Store(0) }
+
+func (w *starveWatch) worst() time.Duration { return time.Duration(w.worstNs.Load()) }
