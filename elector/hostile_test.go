@@ -625,7 +625,11 @@ func TestLeaderKeepsLeadingInAFullLockTable(t *testing.T) {
 		}
 	}
 	waitRounds(t, []*running{a}, 10)
-	if !a.e.IsLeader() || rec.count("demoted", "full-a") != 0 {
-		t.Fatalf("the leader did not keep leading while the table was full: %+v", a.e.Status())
+	// Its tenure goes on; IsLeader is true again at the next renew (a
+	// loaded machine may have let the 500 ms trust window lapse while a
+	// renew was in flight, which is IsLeader's job, not a demotion).
+	if st := a.e.Status(); !st.Tenure || rec.count("demoted", "full-a") != 0 {
+		t.Fatalf("the leader did not keep leading while the table was full: %+v", st)
 	}
+	eventually(t, "IsLeader", func() (bool, string) { return a.e.IsLeader(), "" })
 }
