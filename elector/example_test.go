@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/pgleader/pgleader/elector"
@@ -155,4 +156,61 @@ func ExampleRequestResign() {
 	// elected: worker-a
 	// handed over: worker-a -> worker-b
 	// elected: worker-b
+}
+
+// A semaphore of 2 slots: three candidates, two lead, each in a slot of
+// its own; the third takes the slot the first resigns.
+func ExampleNewSemaphore() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	leading := map[string]bool{}
+	changed := make(chan struct{}, 16)
+	var sems []*elector.Semaphore
+	for _, id := range []string{"backfill-a", "backfill-b", "backfill-c"} {
+		s, err := elector.NewSemaphore(elector.Config{
+			Connect:  elector.DSN(exampleDSN()),
+			Key:      leader.KeyFromName("example-backfill"),
+			Identity: id,
+			Callbacks: elector.Callbacks{
+				OnElected: func(ctx context.Context, l leader.Leadership) {
+					mu.Lock()
+					leading[id] = true
+					mu.Unlock()
+					changed <- struct{}{}
+					<-ctx.Done()
+					mu.Lock()
+					delete(leading, id)
+					mu.Unlock()
+				},
+			},
+		}, 2)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		sems = append(sems, s)
+	}
+	// Start a and b, and c once both lead: c waits for a slot.
+	done := make(chan error, 3)
+	go func() { done <- sems[0].Run(ctx) }()
+	<-changed
+	go func() { done <- sems[1].Run(ctx) }()
+	<-changed
+	go func() { done <- sems[2].Run(ctx) }()
+	slot, _ := sems[0].Slot()
+	other, _ := sems[1].Slot()
+	fmt.Println("a and b lead slots", slot+other == 1)
+	sems[0].Resign(ctx)
+	<-changed
+	mu.Lock()
+	fmt.Println("leading:", leading["backfill-b"], leading["backfill-c"], len(leading))
+	mu.Unlock()
+	cancel()
+	for range 3 {
+		<-done
+	}
+	// Output:
+	// a and b lead slots true
+	// leading: true true 2
 }

@@ -24,3 +24,7 @@ func SetObservePoll(d time.Duration) time.Duration {
 	observePoll = d
 	return old
 }
+
+// SemaphoreCallbacks returns the callbacks s gives slot i's Elector: a
+// seam to drive two slots granted at nearly the same moment.
+func SemaphoreCallbacks(s *Semaphore, i int) Callbacks { return s.callbacks(i) }

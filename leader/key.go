@@ -120,3 +120,20 @@ func (k Key) SQLArgs(first int) (string, []any) {
 	v, _ := k.Int64()
 	return fmt.Sprintf("$%d::pg_catalog.int8", first), []any{v}
 }
+
+// SlotKey is slot i of a semaphore on key (lock.TryRunN,
+// elector.NewSemaphore): key itself for slot 0, so a semaphore of one slot
+// is the plain lock, and for i > 0 the key made from the name "NAME#i",
+// where NAME is key's name, or its number ("42", "7:42") for a key not
+// made from a name. pgleader status shows slot i of "backfill" as
+// "backfill#i".
+func SlotKey(key Key, i int) Key {
+	if i == 0 {
+		return key
+	}
+	base := key.Name()
+	if base == "" {
+		base = key.String()
+	}
+	return KeyFromName(base + "#" + strconv.Itoa(i))
+}

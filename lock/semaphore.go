@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
@@ -21,16 +20,7 @@ const MaxSlots = 1024
 // key made from the name "NAME#i", where NAME is key's name, or its
 // number ("42", "7:42") for a key not made from a name. pgleader status
 // shows slot i of "backfill" as "backfill#i".
-func SlotKey(key leader.Key, i int) leader.Key {
-	if i == 0 {
-		return key
-	}
-	base := key.Name()
-	if base == "" {
-		base = key.String()
-	}
-	return leader.KeyFromName(base + "#" + strconv.Itoa(i))
-}
+func SlotKey(key leader.Key, i int) leader.Key { return leader.SlotKey(key, i) }
 
 // TryRunN runs fn once while holding one of the n slots of the semaphore
 // on key (slot i is SlotKey(key, i)): at most n callers with the same key
