@@ -27,16 +27,20 @@ import (
 )
 
 func cmdElect(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
+	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [-n N] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
 		`  pgleader elect scheduler -- ./scheduler --config prod.yaml   # on every replica: one runs it
   pgleader elect --grace 30s consumer -- ./consume                # longer drain on demotion
   pgleader elect --fencing --listen :8080 consumer -- ./consume   # terms and history; probes and metrics
-The command gets PGLEADER_NAME, PGLEADER_IDENTITY and, with --fencing,
-PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
+  pgleader elect -n 3 backfill -- ./backfill                      # at most 3 replicas run it; $PGLEADER_SLOT is 0, 1 or 2
+The command gets PGLEADER_NAME, PGLEADER_IDENTITY, with -n PGLEADER_SLOT, and,
+with --fencing, PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in
+its environment. With -n N every replica must pass the same N; slot i is
+the election NAME#i (NAME itself for slot 0), as pgleader status shows it.
 --listen serves /livez, /readyz (every replica is ready: see docs/kubernetes.md),
 /status and /metrics; --allow-resign adds POST /resign.
 `, stderr)
 	identity := fs.String("identity", "", "identity / application_name (default hostname-pid)")
+	slots := fs.Int("n", 1, fmt.Sprintf("a semaphore: at most N replicas lead NAME at once, one slot each (1 to %d; every replica must pass the same N)", elector.MaxSemaphoreSlots))
 	grace := fs.Duration("grace", 10*time.Second, "on demotion, SIGTERM the command and SIGKILL it this much later")
 	interval := fs.Duration("renew-interval", elector.DefaultRenewInterval, "renew interval")
 	deadline := fs.Duration("renew-deadline", elector.DefaultRenewDeadline, "renew deadline (trust window)")
@@ -88,7 +92,8 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 	ctx, cancelRun := context.WithCancelCause(ctx)
 	defer cancelRun(nil)
 	var startErr atomic.Pointer[error]
-	e, err := elector.New(elector.Config{
+	var sem *elector.Semaphore
+	cfg := elector.Config{
 		Connect:  elector.DSN(dsn.get()),
 		Key:      leader.KeyFromName(name),
 		Identity: *identity,
@@ -97,6 +102,10 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				fmt.Fprintf(stderr, "pgleader elect: %s leads %s; starting %q\n", l.Identity, name, argv[0])
 				env := []string{"PGLEADER_NAME=" + name, "PGLEADER_IDENTITY=" + l.Identity}
+				if sem != nil {
+					slot, _ := sem.Slot()
+					env = append(env, fmt.Sprintf("PGLEADER_SLOT=%d", slot))
+				}
 				if l.TermsTable != "" {
 					env = append(env, fmt.Sprintf("PGLEADER_TERM=%d", l.Term), "PGLEADER_TERMS_TABLE="+l.TermsTable)
 				}
@@ -117,18 +126,30 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 		ReleaseTimeout: *grace + time.Second,
 		Fencing:        elector.Fencing{Enabled: *fencing},
 		Observer:       obs,
-	})
-	if err != nil {
-		return usageError{msg: err.Error()}
+	}
+	var c elector.Candidate
+	var run func(context.Context) error
+	if *slots == 1 {
+		e, err := elector.New(cfg)
+		if err != nil {
+			return usageError{msg: err.Error()}
+		}
+		c, run = e, e.Run
+	} else {
+		sem, err = elector.NewSemaphore(cfg, *slots)
+		if err != nil {
+			return usageError{msg: err.Error()}
+		}
+		c, run = sem, sem.Run
 	}
 	if *listen != "" {
-		stopServe, err := serveProbes(*listen, e, reg, *allowResign, stderr)
+		stopServe, err := serveProbes(*listen, c, reg, *allowResign, stderr)
 		if err != nil {
 			return err
 		}
 		defer stopServe()
 	}
-	err = e.Run(ctx)
+	err = run(ctx)
 	if p := startErr.Load(); p != nil {
 		return *p
 	}
@@ -137,7 +158,7 @@ PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in its environment.
 
 // serveProbes serves the elector's probes, status and metrics on addr
 // until the returned function stops it.
-func serveProbes(addr string, e *elector.Elector, reg *prometheus.Registry, allowResign bool, stderr io.Writer) (func(), error) {
+func serveProbes(addr string, e elector.Candidate, reg *prometheus.Registry, allowResign bool, stderr io.Writer) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err

@@ -926,3 +926,72 @@ func TestUnfencedElectionIsNamed(t *testing.T) {
 		t.Fatalf("history of an unfenced election: exit %d: %s", code, out)
 	}
 }
+
+// elect -n 2: two replicas of four run the command, each in a slot of its
+// own ($PGLEADER_SLOT); when one is killed another takes its slot; status
+// -n shows the slots.
+func TestElectSlots(t *testing.T) {
+	dsn := server(t).DSN()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "runs")
+	procs := map[string]*exec.Cmd{}
+	for i := range 4 {
+		id := fmt.Sprintf("slot-replica-%d", i)
+		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "-n", "2", "--renew-interval", "100ms",
+			"--renew-deadline", "500ms", "--lease", "1500ms", "backfill", "--",
+			"sh", "-c", fmt.Sprintf(`echo "$PGLEADER_IDENTITY=$PGLEADER_SLOT" >> %s; exec sleep 600`, log))
+		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		procs[id] = cmd
+	}
+	lines := waitLines(t, log, 2)
+	slotOf := map[string]string{}
+	for _, l := range lines {
+		id, slot, _ := strings.Cut(l, "=")
+		slotOf[id] = slot
+	}
+	name := func(l string) string { id, _, _ := strings.Cut(l, "="); return id }
+	if len(slotOf) != 2 || slotOf[name(lines[0])] == slotOf[name(lines[1])] {
+		t.Fatalf("runs %q: want two replicas in slots 0 and 1", lines)
+	}
+	status := func() []lockStatus {
+		t.Helper()
+		code, out := cli(t, nil, "status", "--dsn", dsn, "--json", "-n", "2", "backfill")
+		var ls []lockStatus
+		if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &ls); err != nil || code != exitOK || len(ls) != 2 {
+			t.Fatalf("status -n 2: exit %d, %v, output %s", code, err, out)
+		}
+		return ls
+	}
+	for i, l := range status() {
+		if l.Holder == nil || slotOf[l.Holder.Identity] != fmt.Sprint(i) {
+			t.Fatalf("status -n 2: slot %d held by %+v; the runs say %v", i, l.Holder, slotOf)
+		}
+	}
+	// Kill the replica in slot 1: another takes slot 1, and only slot 1.
+	victim := name(lines[0])
+	if slotOf[victim] != "1" {
+		victim = name(lines[1])
+	}
+	procs[victim].Process.Kill()
+	procs[victim].Wait()
+	third := strings.Split(waitLines(t, log, 3)[2], "=")
+	if len(third) != 2 || third[1] != "1" || slotOf[third[0]] != "" {
+		t.Fatalf("after the kill of %s (slot 1): %q ran; want a replica not yet running, in slot 1", victim, third)
+	}
+	if code, out := cli(t, nil, "status", "--dsn", dsn, "-n", "2", "nobody-holds-this"); code != exitNoLeader || !strings.Contains(out, "NO SLOT LED (2 slots") {
+		t.Fatalf("status -n 2 of an idle name: exit %d, output %q", code, out)
+	}
+	for _, args := range [][]string{
+		{"status", "--dsn", dsn, "-n", "2"},
+		{"elect", "--dsn", dsn, "-n", "0", "backfill", "--", "true"},
+		{"elect", "--dsn", dsn, "-n", "65", "backfill", "--", "true"},
+	} {
+		if code, out := cli(t, nil, args...); code != exitUsage {
+			t.Errorf("pgleader %v: exit %d, want %d (%s)", args[:len(args)-1], code, exitUsage, out)
+		}
+	}
+}

@@ -69,9 +69,10 @@ type sessionStatus struct {
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T] [--serve ADDR] [NAME]",
+	fs, dsn := newFlags("status", "status [--dsn DSN] [--json] [--watch] [--interval D] [--name NAME]... [--terms-table T] [--serve ADDR] [-n N NAME | NAME]",
 		`  pgleader status                         # who holds what, who waits
   pgleader status billing-consumer        # one election; exit 3 when nobody leads it
+  pgleader status -n 3 backfill           # a semaphore's slots (elect -n, lock -n); exit 3 when none is led
   pgleader status --json | jq .           # machine-readable
   pgleader status --watch                 # redraw on every change
   pgleader status --name billing-consumer # show this name for its key
@@ -82,6 +83,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	interval := fs.Duration("interval", time.Second, "poll interval for --watch; the --serve page refreshes every 2s or this, the longer")
 	table := fs.String("terms-table", leader.DefaultTermsTable, "fencing terms table to read names, terms and election times from, if it exists")
 	serve := fs.String("serve", "", "serve a live read-only HTML page on this address instead of printing")
+	slots := fs.Int("n", 1, "with NAME: the N slots of a semaphore (elect -n, lock -n), NAME and NAME#1 to NAME#N-1")
 	var names multiFlag
 	fs.Var(&names, "name", "a lock name to recognise (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
@@ -90,14 +92,18 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	if err := needDSN(dsn.get()); err != nil {
 		return err
 	}
-	var only *leader.Key // status NAME: one election
-	switch fs.NArg() {
-	case 0:
-	case 1:
-		k := leader.KeyFromName(fs.Arg(0))
-		only = &k
-		names = append(names, fs.Arg(0))
-	default:
+	var only []string // status NAME: one election, or a semaphore's slots
+	switch {
+	case *slots < 1 || *slots > maxSlots:
+		return usageError{msg: fmt.Sprintf("-n must be between 1 and %d", maxSlots)}
+	case fs.NArg() == 0 && *slots > 1:
+		return usageError{msg: "-n needs a NAME"}
+	case fs.NArg() == 1:
+		for i := range *slots {
+			only = append(only, slotName(fs.Arg(0), i))
+		}
+		names = append(names, only...)
+	case fs.NArg() > 1:
 		return usageError{msg: "status takes at most one NAME"}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -138,21 +144,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		var out strings.Builder
 		leaderless := false
 		switch {
-		case only != nil:
-			l := pick(locks, *only, fs.Arg(0))
-			leaderless = l.Holder == nil
-			if *asJSON {
-				b, _ := json.MarshalIndent(l, "", "  ")
-				out.Write(b)
-				out.WriteString("\n")
-			} else if leaderless {
-				fmt.Fprintf(&out, "%s: NO LEADER (%d waiting, %d watching)\n", fs.Arg(0), len(l.Waiters), len(l.Watching))
-				if len(l.Sharers) > 0 {
-					fmt.Fprintf(&out, "held shared by %s: nobody can be elected until they let go\n", sessionList(l.Sharers))
-				}
-			} else {
-				renderStatus(&out, []*lockStatus{l})
-			}
+		case len(only) > 0:
+			leaderless = renderOnly(&out, locks, only, *asJSON)
 		case *asJSON:
 			b, _ := json.MarshalIndent(locks, "", "  ")
 			out.Write(b)
@@ -185,6 +178,55 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 		case <-time.After(*interval):
 		}
 	}
+}
+
+// maxSlots bounds status -n (lock.MaxSlots: elect -n allows fewer).
+const maxSlots = 1024
+
+// slotName is the name of slot i of the semaphore name (leader.SlotKey):
+// name itself for slot 0.
+func slotName(name string, i int) string {
+	if i == 0 {
+		return name
+	}
+	return name + "#" + strconv.Itoa(i)
+}
+
+// renderOnly renders status NAME: one election, or each slot of a
+// semaphore (-n), as text or JSON (an object for one, an array of slots).
+// It reports whether nothing is led.
+func renderOnly(out *strings.Builder, locks []*lockStatus, only []string, asJSON bool) (leaderless bool) {
+	var ls []*lockStatus
+	leaderless = true
+	waiting, watching := 0, 0
+	for _, name := range only {
+		l := pick(locks, leader.KeyFromName(name), name)
+		ls = append(ls, l)
+		leaderless = leaderless && l.Holder == nil
+		waiting, watching = waiting+len(l.Waiters), watching+len(l.Watching)
+	}
+	switch {
+	case asJSON:
+		var b []byte
+		if len(ls) == 1 {
+			b, _ = json.MarshalIndent(ls[0], "", "  ")
+		} else {
+			b, _ = json.MarshalIndent(ls, "", "  ")
+		}
+		out.Write(b)
+		out.WriteString("\n")
+	case leaderless && len(ls) == 1:
+		l := ls[0]
+		fmt.Fprintf(out, "%s: NO LEADER (%d waiting, %d watching)\n", only[0], len(l.Waiters), len(l.Watching))
+		if len(l.Sharers) > 0 {
+			fmt.Fprintf(out, "held shared by %s: nobody can be elected until they let go\n", sessionList(l.Sharers))
+		}
+	case leaderless:
+		fmt.Fprintf(out, "%s: NO SLOT LED (%d slots; %d waiting, %d watching)\n", only[0], len(ls), waiting, watching)
+	default:
+		renderStatus(out, ls)
+	}
+	return leaderless
 }
 
 // pick returns the status of key (named name), or an empty one when no
