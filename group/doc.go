@@ -54,8 +54,12 @@
 // Beside the phases: a resign hold keeps a key this member resigned away
 // from it for ten intervals (one after OnElected returned by itself), so
 // the assignment gives it to the next member; a gift is a key another
-// member resigned to this one, taken before the next assignment says so;
-// an ending key is not taken again before its OnDemoted has run.
+// member resigned to this one, told on this member's own channel and
+// taken before the next assignment says so (the group's copy of that
+// resign, which comes with the resigner's next full round, only sets the
+// hold, and is old news where this member leads the key or has resigned
+// it since); an ending key is not taken again before its OnDemoted has
+// run.
 //
 // All SQL goes through the wire layer (internal/wire/lockconn: Member for the
 // main session, Ring for the crash watch), behind the small wire
