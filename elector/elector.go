@@ -65,6 +65,10 @@ type Elector struct {
 	newLeader     chan struct{}
 	trustUntil    atomic.Int64 // ns since epoch; IsLeader is false past it
 	leaderID      atomic.Pointer[string]
+	// leaderPID is the backend of the leader named by leaderID, as the
+	// last round that read the holder saw it (0: none known). Only the
+	// elector's goroutine uses it.
+	leaderPID int32
 
 	elected     chan struct{} // closed at the first election; see Elected
 	electedOnce sync.Once

@@ -633,3 +633,36 @@ func TestLeaderKeepsLeadingInAFullLockTable(t *testing.T) {
 	}
 	eventually(t, "IsLeader", func() (bool, string) { return a.e.IsLeader(), "" })
 }
+
+// A session with no application_name that holds the key (any role may
+// take any advisory lock) is no elector: a follower reports no leader for
+// it, neither through OnNewLeader nor through Leader(), and leads once it
+// lets go. (The chaos harness's hostile run caught a follower told
+// "pid N" leads: the name the lookup made up for a nameless holder.)
+func TestNamelessHolderIsNoLeader(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	ctx := context.Background()
+	holder := mustConn(t, srv) // no application_name
+	v, _ := key.Int64()
+	if _, err := holder.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", v); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, r, opts{dsn: srv.DSN(), key: key, id: "named-follower"})
+	waitRounds(t, []*running{f}, 5)
+	if l := f.e.Leader(); l != "" {
+		t.Fatalf("Leader() = %q while a nameless session holds the key", l)
+	}
+	r.mu.Lock()
+	for _, e := range r.events {
+		if e.kind == "newleader" {
+			t.Errorf("OnNewLeader(%q) while a nameless session holds the key", e.leader)
+		}
+	}
+	r.mu.Unlock()
+	if _, err := holder.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)", v); err != nil {
+		t.Fatal(err)
+	}
+	r.next("elected", "named-follower")
+}

@@ -26,6 +26,9 @@ type scriptLease struct {
 	confirms  []step
 	renews    []error
 	calls     []string
+	// idle, when set, is the round past the campaigns script (default: a
+	// Busy round with the lock held by "someone").
+	idle *lockconn.Round
 }
 
 type step struct {
@@ -80,6 +83,11 @@ func (s *scriptLease) Campaign(ctx context.Context, t *lockconn.Target, try bool
 	case <-ctx.Done():
 		return lockconn.Round{}, ctx.Err()
 	case <-time.After(10 * time.Millisecond):
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.idle != nil {
+			return *s.idle, nil
+		}
 		return lockconn.Round{Busy: true, Holder: "someone", HolderPID: 1}, nil
 	}
 }
@@ -332,4 +340,34 @@ func (noHandover) Reserve(context.Context, *lockconn.Target, string, time.Durati
 }
 func (noHandover) Unreserve(context.Context, *lockconn.Target, string, time.Duration) (string, error) {
 	return "", nil
+}
+
+// A round that finds the known leader's backend without its name (the
+// lookup's activity snapshot missed it) keeps that leader; one that finds
+// another, nameless backend holding the lock reports no leader; neither
+// ever reports a made-up name.
+func TestScriptedNamelessHolder(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Busy: true, Holder: "real-leader", HolderPID: 7}}},
+		idle: &lockconn.Round{Busy: true, HolderPID: 7}}
+	sc := runScripted(t, ls, nil)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(waitLong)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: Leader() = %q", what, sc.e.Leader())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor("the named round", func() bool { return sc.e.Leader() == "real-leader" })
+	n := ls.count("campaign")
+	waitFor("nameless rounds", func() bool { return ls.count("campaign") >= n+3 })
+	if l := sc.e.Leader(); l != "real-leader" {
+		t.Fatalf("Leader() = %q after nameless lookups of the leader's own backend, want real-leader", l)
+	}
+	ls.mu.Lock()
+	ls.idle = &lockconn.Round{Busy: true, HolderPID: 8}
+	ls.mu.Unlock()
+	waitFor("a nameless backend holds the lock: no leader", func() bool { return sc.e.Leader() == "" })
 }

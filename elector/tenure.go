@@ -110,6 +110,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
 	})
 	e.setLeader(c.Identity)
+	e.leaderPID = 0
 	go func() {
 		defer close(t.cbDone)
 		defer func() {

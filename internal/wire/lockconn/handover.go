@@ -188,9 +188,13 @@ func (l *Lease) release(ctx context.Context, t *Target, to string, gate, name bo
 	return err
 }
 
-// Holder returns the application_name of t's holder and its backend pid
-// ("" and 0 when the lock is free).
+// Holder returns the application_name of t's holder ("pid N" when it has
+// none: a description for messages, never a leader's identity) and its
+// backend pid ("" and 0 when the lock is free).
 func Holder(ctx context.Context, conn *pgx.Conn, t *Target) (string, uint32, error) {
 	h, pid, _, err := scanHolder(conn.QueryRow(ctx, t.holderSQL))
+	if h == "" && pid != 0 {
+		h = fmt.Sprintf("pid %d", pid)
+	}
 	return h, uint32(pid), err
 }

@@ -97,9 +97,11 @@ func (l *Lease) Record(ctx context.Context, sql string, args ...any) error {
 
 // Round is what one campaign round saw.
 type Round struct {
-	// Holder is the holder's application_name (or "pid N" when it has
-	// none) and HolderPID its backend pid, when another session held the
-	// lock at the start of the round.
+	// Holder is the holder's application_name ("" when it has none) and
+	// HolderPID its backend pid,
+	// when another session held the lock at the start of the round. A
+	// nameless holder is never reported as a leader: it is no elector's
+	// identity.
 	Holder    string
 	HolderPID int32
 	// Free: nobody held the lock at the start of the round. (Neither Free
@@ -210,9 +212,11 @@ func (l *Lease) Campaign(ctx context.Context, t *Target, try bool) (Round, error
 	return rd, br.Close()
 }
 
-// scanHolder reads a HolderSQL row: the holder's application_name (or
-// "pid N" when it has none) and pid when another session holds the lock;
-// free when nobody does; all zero when this session does.
+// scanHolder reads a HolderSQL row: the holder's application_name ("" when
+// it has none) and pid when another session holds the lock; free when
+// nobody does; all zero when this session does. Any role may take any
+// advisory lock, with no application_name: never make up a name ("pid N"
+// was one) that a follower would report as its leader.
 func scanHolder(row pgx.Row) (holder string, pid int32, free bool, err error) {
 	var own int32
 	switch err := row.Scan(&holder, &pid, &own); {
@@ -222,8 +226,6 @@ func scanHolder(row pgx.Row) (holder string, pid int32, free bool, err error) {
 		return "", 0, false, Pooling(err)
 	case pid == own:
 		return "", 0, false, nil
-	case holder == "":
-		holder = fmt.Sprintf("pid %d", pid)
 	}
 	return holder, pid, false, nil
 }
