@@ -179,8 +179,18 @@ func readyProbe(e *elector.Elector) func() error {
 // (read until none comes for 5 intervals).
 func askUntilHeard(t testing.TB, conn *pgx.Conn, channel, payload string) string {
 	t.Helper()
+	if a, ok := tryAsk(t, conn, channel, payload, waitLong); ok {
+		return a
+	}
+	t.Fatalf("no answer to %q on %s within %s", payload, channel, waitLong)
+	return ""
+}
+
+// tryAsk is askUntilHeard for at most within; false when no answer came.
+func tryAsk(t testing.TB, conn *pgx.Conn, channel, payload string, within time.Duration) (string, bool) {
+	t.Helper()
 	ctx := context.Background()
-	deadline := time.Now().Add(waitLong)
+	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		if _, err := conn.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
 			t.Fatal(err)
@@ -196,10 +206,9 @@ func askUntilHeard(t testing.TB, conn *pgx.Conn, channel, payload string) string
 			_, err := conn.WaitForNotification(wctx)
 			cancel()
 			if err != nil {
-				return n.Payload
+				return n.Payload, true
 			}
 		}
 	}
-	t.Fatalf("no answer to %q on %s within %s", payload, channel, waitLong)
-	return ""
+	return "", false
 }

@@ -50,7 +50,9 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 	before := len(serverLog(srv))
 	var els []*running
 	for _, id := range []string{"quiet-1", "quiet-2", "quiet-3"} {
-		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: id}))
+		// The trust window is wider than the other tests', as in
+		// TestElectionsAcrossDeadlockTimeouts.
+		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: id, deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond}))
 	}
 	first := r.next("elected", "")
 	waitRounds(t, els, 6)
@@ -86,8 +88,12 @@ func TestElectionsAcrossDeadlockTimeouts(t *testing.T) {
 			r := newRecorder(t)
 			key := testKey(t)
 			els := map[string]*running{}
+			// A wider trust window than the other tests': a round's reply
+			// later than RenewDeadline after its wait is cancelled, and
+			// the server logs the cancel, which a machine loaded enough to
+			// starve the server by 500 ms would otherwise show here.
 			for _, id := range []string{"dt-1", "dt-2", "dt-3"} {
-				els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id})
+				els[id] = start(t, r, opts{dsn: srv.DSN(), key: key, id: id, deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond})
 			}
 			cur := r.next("elected", "")
 			for i := 0; i < 2; i++ {

@@ -20,14 +20,20 @@ type semWatch struct {
 	inside map[string]int    // candidate -> OnElected calls running
 	slotOf map[string]int    // candidate -> the slot its running call leads
 	pidOf  map[string]uint32 // candidate -> the backend of its last tenure
-	total  int
-	most   int
-	pairs  map[string][2]int // candidate -> OnElected, OnDemoted calls
-	bad    []string
+	// faulted: candidates whose backend the test terminated. The server
+	// frees the lock at once and the candidate learns it from its socket
+	// a moment later, so its OnElected may still run when the slot's next
+	// leader begins: the overlap only fencing orders, allowed for them
+	// alone, until their OnElected returns.
+	faulted map[string]bool
+	total   int
+	most    int
+	pairs   map[string][2]int // candidate -> OnElected, OnDemoted calls
+	bad     []string
 }
 
 func newSemWatch(t *testing.T) *semWatch {
-	w := &semWatch{t: t, inside: map[string]int{}, slotOf: map[string]int{}, pidOf: map[string]uint32{}, pairs: map[string][2]int{}}
+	w := &semWatch{t: t, inside: map[string]int{}, slotOf: map[string]int{}, pidOf: map[string]uint32{}, faulted: map[string]bool{}, pairs: map[string][2]int{}}
 	t.Cleanup(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -54,16 +60,22 @@ func (w *semWatch) callbacks(id string, s **elector.Semaphore, slots int) electo
 			p := w.pairs[id]
 			p[0]++
 			w.pairs[id] = p
+			excused := 0
+			for other, n := range w.inside {
+				if n > 0 && w.faulted[other] {
+					excused++
+				}
+			}
 			switch {
-			case w.total > slots:
-				w.bad = append(w.bad, fmt.Sprintf("%d candidates inside OnElected at once, with %d slots", w.total, slots))
+			case w.total-excused > slots:
+				w.bad = append(w.bad, fmt.Sprintf("%d candidates inside OnElected at once (%d of them terminated), with %d slots", w.total, excused, slots))
 			case w.inside[id] > 1:
 				w.bad = append(w.bad, fmt.Sprintf("%s inside OnElected twice at once", id))
 			case !ok || l.Key != leader.SlotKey((*s).Key(), slot):
 				w.bad = append(w.bad, fmt.Sprintf("%s: OnElected for %s, but Slot says %d, %v", id, l.Key, slot, ok))
 			}
 			for other, sl := range w.slotOf {
-				if sl == slot && w.inside[other] > 0 {
+				if sl == slot && w.inside[other] > 0 && !w.faulted[other] {
 					w.bad = append(w.bad, fmt.Sprintf("slot %d led by %s and %s at once", slot, id, other))
 				}
 			}
@@ -75,6 +87,7 @@ func (w *semWatch) callbacks(id string, s **elector.Semaphore, slots int) electo
 			w.inside[id]--
 			w.total--
 			delete(w.slotOf, id)
+			delete(w.faulted, id)
 			w.mu.Unlock()
 		},
 		OnDemoted: func(l leader.Leadership, reason error) {
@@ -173,6 +186,7 @@ func TestSemaphoreAdmitsN(t *testing.T) {
 		case 1:
 			w.mu.Lock()
 			pid := w.pidOf[victim]
+			w.faulted[victim] = true
 			w.mu.Unlock()
 			if pid == 0 {
 				t.Fatalf("%s leads with no backend pid in its status", victim)
@@ -198,7 +212,7 @@ func TestSemaphoreAdmitsN(t *testing.T) {
 	w.mu.Lock()
 	most := w.most
 	w.mu.Unlock()
-	if most != slots {
+	if most < slots {
 		t.Fatalf("at most %d inside at once, want %d", most, slots)
 	}
 }
