@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/pgleader/pgleader v0.0.0-20261201220522-0a3a8fe38ed3
+	github.com/pgleader/pgleader v0.0.0-20261201223008-198a0ac36761
 	go.uber.org/goleak v1.3.0
 )
 
