@@ -59,11 +59,22 @@ func Start(cmd *exec.Cmd, o Options) (release func(), err error) {
 	if err != nil {
 		return func() {}, err
 	}
-	if err := cmd.Start(); err != nil {
+	open, shut, err := gate(cmd)
+	if err != nil {
 		release()
 		return func() {}, err
 	}
+	if err := cmd.Start(); err != nil {
+		shut()
+		release()
+		return func() {}, err
+	}
+	// The child waits at the gate until the watchdog knows its pid: a
+	// SIGKILL of this process right after the start (under load, before
+	// arm) then ends the child before it has run anything, instead of
+	// leaving the command's own children unwatched.
 	arm(cmd.Process.Pid)
+	open()
 	return release, nil
 }
 

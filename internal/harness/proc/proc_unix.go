@@ -3,6 +3,7 @@
 package proc
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -45,13 +46,36 @@ func CPUTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// gate makes cmd wait, once started, until open is called: cmd runs as
+// sh reading a line from a pipe (an extra file), then exec'ing the
+// command (same pid, the pipe closed first). When this process ends
+// before open, the pipe's write end closes and sh exits 125 without
+// running the command. shut releases the pipe when cmd did not start.
+func gate(cmd *exec.Cmd) (open, shut func(), err error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	fd := 3 + len(cmd.ExtraFiles)
+	cmd.ExtraFiles = append(cmd.ExtraFiles, r)
+	script := fmt.Sprintf(`read _ <&%d || exit 125; exec %d<&-; exec "$0" "$@"`, fd, fd)
+	cmd.Args = append([]string{"/bin/sh", "-c", script, cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = "/bin/sh"
+	shut = func() { r.Close(); w.Close() }
+	open = func() {
+		r.Close()
+		w.Write([]byte("\n"))
+		w.Close()
+	}
+	return open, shut, nil
+}
+
 // watchdog starts sh with the read end of a pipe on its stdin; this process
 // keeps the write end, which the kernel closes when this process ends. It
 // starts before the child: arm writes the child's pid down the pipe, and
 // sh's second read returns when the pipe closes, and then it signals pid
-// (its group, with group). So there is no window in which a child runs
-// unwatched, except between its start and arm, where Linux's parent-death
-// signal still covers the child itself. The watchdog is in a process group
+// (its group, with group). The child waits at its gate (see gate) until
+// it is armed, so no window is left in which it runs unwatched. The watchdog is in a process group
 // of its own, so that a terminal's ^C does not end it before it has done
 // its work.
 func watchdog(group bool, sig syscall.Signal) (arm func(pid int), release func(), err error) {

@@ -2,6 +2,7 @@ package proc
 
 import (
 	"os"
+	"os/exec"
 	"syscall"
 	"time"
 )
@@ -12,6 +13,9 @@ func attr(o Options) *syscall.SysProcAttr { return &syscall.SysProcAttr{} }
 
 // watchdog: Windows has no equivalent here (a job object would be one).
 func watchdog(bool, syscall.Signal) (func(int), func(), error) { return func(int) {}, func() {}, nil }
+
+// gate does nothing on Windows (there is no watchdog to wait for).
+func gate(*exec.Cmd) (func(), func(), error) { return func() {}, func() {}, nil }
 
 // Stop is not supported on Windows.
 func Stop(*os.Process) error { return ErrUnsupported }
