@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -97,12 +98,12 @@ func ChildMain(role string) int {
 				// A slow drain: flushing and committing go on, fenced, while
 				// the elector keeps the lock.
 				if d := time.Duration(drain.Swap(0)); d > 0 {
-					starve.reset()
+					began := time.Now()
 					time.Sleep(d)
 					stop()
 					<-wrote
 					em.Emit(testpg.Event{Ev: "returned", Identity: id, Term: l.Term, Data: fmt.Sprintf("drain refused=%d", refused),
-						Err: fmt.Sprintf("starved=%s", starve.worst())})
+						Err: fmt.Sprintf("starved=%s", starve.worstSince(began))})
 					return
 				}
 				stop()
@@ -215,14 +216,20 @@ func brokenMain(ctx context.Context, em *testpg.Emitter, dsn, id string, key lea
 }
 
 // starveWatch measures how starved this process and its server were: the
-// worst lateness of a 10 ms ticker (the process not run) and the worst
-// renew latency (the server or the network slow) since its last reset. A
-// drain whose renews missed the trust window with nothing starved is a
-// bug; with a starved process it is the paused-process case, which only
-// fencing orders (see checkSafety).
+// lateness of a 10 ms ticker (the process not run) and, for an elector,
+// each renew's latency (the server or the network slow), kept with when
+// they were seen. A drain whose renews missed the trust window with
+// nothing starved is a bug; with a starved process it is the
+// paused-process case, which only fencing orders (see starvedDrain).
 type starveWatch struct {
 	leader.NopObserver
-	worstNs atomic.Int64
+	mu     sync.Mutex
+	stalls []stall // the last 1024 of at least 10 ms
+}
+
+type stall struct {
+	at time.Time
+	d  time.Duration
 }
 
 func newStarveWatch(ctx context.Context) *starveWatch {
@@ -246,17 +253,29 @@ func newStarveWatch(ctx context.Context) *starveWatch {
 }
 
 func (w *starveWatch) note(d time.Duration) {
-	for {
-		cur := w.worstNs.Load()
-		if int64(d) <= cur || w.worstNs.CompareAndSwap(cur, int64(d)) {
-			return
-		}
+	if d < 10*time.Millisecond {
+		return
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.stalls) == 1024 {
+		w.stalls = w.stalls[1:]
+	}
+	w.stalls = append(w.stalls, stall{at: time.Now(), d: d})
 }
 
 // Renewed notes a renew's latency.
 func (w *starveWatch) Renewed(_ leader.Leadership, latency time.Duration) { w.note(latency) }
 
-func (w *starveWatch) reset() { w.worstNs.Store(0) }
-
-func (w *starveWatch) worst() time.Duration { return time.Duration(w.worstNs.Load()) }
+// worstSince is the longest stall seen since t.
+func (w *starveWatch) worstSince(t time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var worst time.Duration
+	for _, s := range w.stalls {
+		if !s.at.Before(t) {
+			worst = max(worst, s.d)
+		}
+	}
+	return worst
+}

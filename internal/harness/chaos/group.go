@@ -38,7 +38,8 @@ type groupTenure struct {
 
 // groupMain runs one member of the group CHAOS_KEY with CHAOS_KEYS keys.
 // Per key it reports elected, ctxdone, returned and demoted (Data: the
-// key's name; a slow drain's "returned" carries "drain refused=N" in Err),
+// key's name; a slow drain's "returned" carries "drain refused=N
+// starved=D" in Err: see starveWatch),
 // and one writer makes a fenced write for every key it leads every 30ms,
 // until that key's OnElected has returned. Commands: "drain D" (every
 // OnElected of the member keeps working D after its context ends) and
@@ -53,6 +54,7 @@ func groupMain(ctx context.Context, em *testpg.Emitter, dsn, id string, drain *a
 	var mu sync.Mutex
 	active := map[string]*groupTenure{}
 	drained := map[string]time.Duration{} // keys resigned with a slow drain
+	starve := newStarveWatch(ctx)
 	g, err := group.New(group.Config{
 		Connect: leader.DSN(dsn), Group: name, Keys: keys, Identity: id,
 		RenewInterval: Interval, RenewDeadline: Deadline, LeaseDuration: Lease, ReleaseTimeout: ReleaseTimeout,
@@ -76,6 +78,7 @@ func groupMain(ctx context.Context, em *testpg.Emitter, dsn, id string, drain *a
 				if errors.Is(context.Cause(ctx), context.Canceled) {
 					d = time.Duration(drain.Load())
 				}
+				began := time.Now()
 				if d > 0 {
 					time.Sleep(d)
 				}
@@ -86,7 +89,7 @@ func groupMain(ctx context.Context, em *testpg.Emitter, dsn, id string, drain *a
 				mu.Unlock()
 				ev := testpg.Event{Ev: "returned", Identity: id, Term: l.Term, Data: name}
 				if d > 0 {
-					ev.Err = fmt.Sprintf("drain refused=%d", t.refused.Load())
+					ev.Err = fmt.Sprintf("drain refused=%d starved=%s", t.refused.Load(), starve.worstSince(began))
 				}
 				em.Emit(ev)
 			},
