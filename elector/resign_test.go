@@ -25,8 +25,11 @@ func TestRequestResign(t *testing.T) {
 	ctx := context.Background()
 	r := newRecorder(t)
 	key := testKey(t)
+	// A wider trust window than the other tests': requests name the
+	// leader's backend, which a tenure lost to a starved renew on a loaded
+	// machine would change (the request is then unanswered).
 	for i := 1; i <= 5; i++ {
-		start(t, r, opts{dsn: srv.DSN(), key: key, id: fmt.Sprintf("rr-%d", i)})
+		start(t, r, opts{dsn: srv.DSN(), key: key, id: fmt.Sprintf("rr-%d", i), deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond})
 	}
 	cur := r.next("elected", "").id
 	connect := elector.DSN(srv.DSN())
@@ -101,11 +104,14 @@ func TestRequestResignRefused(t *testing.T) {
 	}
 	r := newRecorder(t)
 	key := testKey(t)
-	startWith(t, r, opts{dsn: srv.DSN(), key: key, id: "guarded"}, func(c *elector.Config) {
+	// A wider trust window, as in TestRequestResign: a tenure lost to a
+	// starved renew would let "other", which allows no operators, lead.
+	wide := opts{deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond}
+	startWith(t, r, opts{dsn: srv.DSN(), key: key, id: "guarded", deadline: wide.deadline, lease: wide.lease}, func(c *elector.Config) {
 		c.ResignRequests.Roles = []string{"operators"}
 	})
 	r.next("elected", "guarded")
-	start(t, r, opts{dsn: srv.DSN(), key: key, id: "other"})
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "other", deadline: wide.deadline, lease: wide.lease})
 	waitWaiter(t, srv, key, "other")
 	_, err := elector.RequestResign(ctx, as("stranger"), key, "")
 	if !errors.Is(err, leader.ErrRefused) {
