@@ -116,9 +116,14 @@ func TestSlowOnNewLeaderDoesNotDelayLeading(t *testing.T) {
 	demoted := make(chan error, 1)
 	var el *elector.Elector
 	var mu sync.Mutex
+	// A 1 s trust window, twice the other tests': a renew starved past
+	// 500 ms on a loaded machine would read as the bug this test is
+	// about (OnNewLeader holding up renews, which would miss the window
+	// every time).
+	const deadline = time.Second
 	e, err := elector.New(elector.Config{
 		Connect: elector.DSN(srv.DSN()), Key: key, Identity: "slow-observer",
-		RenewInterval: tInterval, RenewDeadline: tDeadline, LeaseDuration: tLease,
+		RenewInterval: tInterval, RenewDeadline: deadline, LeaseDuration: 3 * deadline,
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				mu.Lock()
@@ -127,7 +132,7 @@ func TestSlowOnNewLeaderDoesNotDelayLeading(t *testing.T) {
 				<-ctx.Done()
 			},
 			OnDemoted:   func(l leader.Leadership, reason error) { demoted <- reason },
-			OnNewLeader: func(string) { time.Sleep(4 * tDeadline) },
+			OnNewLeader: func(string) { time.Sleep(4 * deadline) },
 		},
 	})
 	if err != nil {
@@ -151,7 +156,7 @@ func TestSlowOnNewLeaderDoesNotDelayLeading(t *testing.T) {
 	select {
 	case reason := <-demoted:
 		t.Fatalf("demoted while OnNewLeader was slow: %v", reason)
-	case <-time.After(6 * tDeadline):
+	case <-time.After(6 * deadline):
 	}
 }
 

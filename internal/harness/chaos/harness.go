@@ -360,6 +360,12 @@ func (h *harness) schedule() {
 		}
 		h.report.Faults[fault]++
 		bound := Lease + Interval + 3*time.Second
+		if h.cfg.Group {
+			// Liveness is every one of 100 keys led again: on the loaded
+			// machine the last of a killed member's keys once came 7 ms
+			// past the elector's bound.
+			bound += 2 * time.Second
+		}
 		// One fault in four comes with a second one on a follower, healed
 		// together with the first.
 		heal2 := func() {}
