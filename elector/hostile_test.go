@@ -282,8 +282,10 @@ func TestSharedHolderIsNoLeader(t *testing.T) {
 	<-done
 	mu.Lock()
 	defer mu.Unlock()
+	// Only electors (a loaded machine may move leadership among them,
+	// tenures lost to starved renews), never the shared holder.
 	for _, id := range observed {
-		if id != "" && id != first {
+		if id != "" && els[id] == nil {
 			t.Fatalf("Observe reported %q (all: %v)", id, observed)
 		}
 	}
