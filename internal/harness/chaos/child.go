@@ -92,7 +92,7 @@ func ChildMain(role string) int {
 				defer stop()
 				var refused int
 				wrote := make(chan struct{})
-				go func() { defer close(wrote); refused = writeWhileLeading(stopWriting, dsn, l) }()
+				go func() { defer close(wrote); refused = writeWhileLeading(stopWriting, dsn, l, starve.note) }()
 				<-ctx.Done() // the belief ends here
 				em.Emit(testpg.Event{Ev: "ctxdone", Identity: id, Term: l.Term, Err: leader.ReasonLabel(context.Cause(ctx))})
 				// A slow drain: flushing and committing go on, fenced, while
@@ -136,7 +136,11 @@ func ChildMain(role string) int {
 // keeps trying for 50ms after, as a slow leader would: Fence must refuse
 // those once a newer term exists. It returns how many writes made before
 // ctx ended were refused by Fence.
-func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership) (refused int) {
+//
+// note gets the time each write took that was not refused (committed, or
+// cut off by its 300 ms deadline): a slow one says the server was starved
+// (see starveWatch).
+func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership, note func(time.Duration)) (refused int) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -156,6 +160,7 @@ func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership) (re
 			conn, _ = pgx.Connect(wctx, dsn)
 		}
 		if conn != nil {
+			began := time.Now()
 			err := pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
 				if err := l.Fence(wctx, tx); err != nil {
 					return err
@@ -163,8 +168,13 @@ func writeWhileLeading(ctx context.Context, dsn string, l leader.Leadership) (re
 				_, err := tx.Exec(wctx, `INSERT INTO chaos_writes (term, seq, writer) VALUES ($1, $2, $3)`, l.Term, seq, l.Identity)
 				return err
 			})
-			if errors.Is(err, leader.ErrFenced) && stopAt.IsZero() {
-				refused++
+			switch {
+			case errors.Is(err, leader.ErrFenced):
+				if stopAt.IsZero() {
+					refused++
+				}
+			case err == nil || wctx.Err() != nil:
+				note(time.Since(began))
 			}
 		}
 		cancel()
@@ -216,9 +226,9 @@ func brokenMain(ctx context.Context, em *testpg.Emitter, dsn, id string, key lea
 }
 
 // starveWatch measures how starved this process and its server were: the
-// lateness of a 10 ms ticker (the process not run) and, for an elector,
-// each renew's latency (the server or the network slow), kept with when
-// they were seen. A drain whose renews missed the trust window with
+// lateness of a 10 ms ticker (the process not run), each fenced write's
+// time and, for an elector, each renew's latency (the server or the
+// network slow), kept with when they were seen. A drain whose renews missed the trust window with
 // nothing starved is a bug; with a starved process it is the
 // paused-process case, which only fencing orders (see starvedDrain).
 type starveWatch struct {

@@ -115,7 +115,7 @@ func groupMain(ctx context.Context, em *testpg.Emitter, dsn, id string, drain *a
 	wrote := make(chan struct{})
 	go func() {
 		defer close(wrote)
-		groupWriter(wctx, dsn, &mu, active)
+		groupWriter(wctx, dsn, &mu, active, starve.note)
 	}()
 	err = g.Run(ctx)
 	stopWriter()
@@ -130,7 +130,7 @@ func groupMain(ctx context.Context, em *testpg.Emitter, dsn, id string, drain *a
 
 // groupWriter makes a fenced write for each tenure in active every 30ms,
 // on one connection, until ctx ends.
-func groupWriter(ctx context.Context, dsn string, mu *sync.Mutex, active map[string]*groupTenure) {
+func groupWriter(ctx context.Context, dsn string, mu *sync.Mutex, active map[string]*groupTenure, note func(time.Duration)) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -150,6 +150,7 @@ func groupWriter(ctx context.Context, dsn string, mu *sync.Mutex, active map[str
 				conn, _ = pgx.Connect(wctx, dsn)
 			}
 			if conn != nil {
+				began := time.Now()
 				err := pgx.BeginFunc(wctx, conn, func(tx pgx.Tx) error {
 					if err := t.l.Fence(wctx, tx); err != nil {
 						return err
@@ -157,8 +158,11 @@ func groupWriter(ctx context.Context, dsn string, mu *sync.Mutex, active map[str
 					_, err := tx.Exec(wctx, `INSERT INTO chaos_group_writes (key, term, seq, writer) VALUES ($1, $2, $3, $4)`, t.l.Key.Name(), t.l.Term, seq, t.l.Identity)
 					return err
 				})
-				if errors.Is(err, leader.ErrFenced) {
+				switch {
+				case errors.Is(err, leader.ErrFenced):
 					t.refused.Add(1)
+				case err == nil || wctx.Err() != nil:
+					note(time.Since(began)) // a slow write: the server was starved
 				}
 			}
 			cancel()

@@ -682,9 +682,10 @@ func (h *harness) tenuresOf(p *proc, key string) []tenure {
 // starvedDrain reports whether p's slow drain of term (of key, in a
 // group) lost its lock the way a paused process does: it was demoted for
 // a missed renew (renew_deadline), and the process or its server was
-// starved meanwhile (the child's 10 ms ticker, or an elector's renew, at
-// least a renew interval late: starveWatch). There the contract promises
-// no order, and fencing closes the window (checkWrites). A drain that
+// starved meanwhile (the child's 10 ms ticker, an elector's renew or a
+// fenced write at least a renew interval late: starveWatch). There the
+// contract promises no order, and fencing closes the window
+// (checkWrites). A drain that
 // loses its lock with nothing starved stays a violation: that is an
 // elector, or a member, that stopped renewing.
 func (h *harness) starvedDrain(p *proc, term int64, key string) bool {
