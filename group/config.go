@@ -82,7 +82,9 @@ type Callbacks struct {
 	OnElected func(ctx context.Context, l leader.Leadership)
 	// OnDemoted runs once after each OnElected has returned (or
 	// ReleaseTimeout passed), on a goroutine of its own, with the reason. A
-	// key is not led again by this member before its OnDemoted has run.
+	// key is not led again by this member before its OnDemoted has run. A
+	// fault that ends the session while a key is handed over (its lock
+	// lost before its OnElected returned) replaces the graceful reason.
 	OnDemoted func(l leader.Leadership, reason error)
 }
 

@@ -473,3 +473,50 @@ func assignedTo(g *Group, k tag) string {
 	}
 	return g.st.assigned[g.st.owner[i]]
 }
+
+// A session that fails while the member stops, its keys still handed
+// over (their OnElected draining), lost their locks before OnElected
+// returned: OnDemoted says the fault, as an Elector's does, not the
+// graceful "stopped". Only the stop's own end of the session keeps it.
+func TestScriptedFaultDuringStopDrainIsTheReason(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		label string
+	}{
+		{"a fault", fmt.Errorf("%w: no answer to a round", leader.ErrConnectionLost), "connection_lost"},
+		{"the stop's own end", context.Canceled, "stopped"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var reasons []string
+			release := make(chan struct{})
+			g, _ := scripted(t, 3, func(c *Config) {
+				c.Callbacks.OnElected = func(ctx context.Context, l leader.Leadership) { <-ctx.Done(); <-release }
+				c.Callbacks.OnDemoted = func(l leader.Leadership, reason error) {
+					mu.Lock()
+					reasons = append(reasons, leader.ReasonLabel(reason))
+					mu.Unlock()
+				}
+			})
+			w := newScriptWire("me")
+			if err := g.round(context.Background(), w, true); err != nil || g.leading() != 3 {
+				t.Fatalf("first round: %v, leading %d", err, g.leading())
+			}
+			g.stop(context.Canceled) // every key handed over; OnElected drains
+			g.demoteAll(tc.err)      // and the session ends meanwhile
+			close(release)
+			g.wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(reasons) != 3 {
+				t.Fatalf("OnDemoted reasons %v, want 3", reasons)
+			}
+			for _, r := range reasons {
+				if r != tc.label {
+					t.Fatalf("OnDemoted reasons %v, want %s", reasons, tc.label)
+				}
+			}
+		})
+	}
+}

@@ -79,8 +79,11 @@ func (g *Group) end(k tag, ks *keyState, reason error) {
 }
 
 // demoteAll ends every tenure when the session ends: after a fault the
-// locks are gone with it.
+// locks are gone with it. A key still handing over lost its lock before
+// its OnElected returned: OnDemoted gets the fault, not the graceful
+// reason, as an Elector's does (only the stop's own cancel keeps it).
 func (g *Group) demoteAll(err error) {
+	own := err == nil || errors.Is(err, context.Canceled)
 	err = sessionEnd(err)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -89,7 +92,7 @@ func (g *Group) demoteAll(err error) {
 			continue
 		}
 		reason := err
-		if ks.phase == phaseHanding && g.st.stopping {
+		if ks.phase == phaseHanding && g.st.stopping && own {
 			reason = ks.tenure.reason
 		}
 		g.end(k, ks, reason)

@@ -699,7 +699,9 @@ func (h *harness) starvedDrain(p *proc, term int64, key string) bool {
 			_, d := parseDrain(e.Data + " " + e.Err)
 			starved = d >= Interval
 		case "demoted":
-			demoted = e.Err == "renew_deadline"
+			// An elector's drain ends in renew_deadline; a group member's
+			// session, ended by a round's deadline, in connection_lost.
+			demoted = e.Err == "renew_deadline" || h.cfg.Group && e.Err == "connection_lost"
 		}
 	}
 	return starved && demoted
