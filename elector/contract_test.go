@@ -65,13 +65,14 @@ func blackholeAfterRenew(t *testing.T, interval, deadline, lease, delay time.Dur
 }
 
 // The trust window counts from when the last successful renew was *sent*.
-// With replies 400 ms late, that renew was sent 400 ms before the path went
-// silent, so the leader must step down about RenewDeadline - 400 ms after
-// (200 ms), not RenewDeadline after (600 ms), which counting from the
-// reply would give.
+// With replies 600 ms late, that renew was sent 600 ms before the path went
+// silent, so the leader must step down about RenewDeadline - 600 ms after
+// (400 ms), not RenewDeadline after (1 s), which counting from the reply
+// would give. (The 400 ms of slack let a loaded CI machine fail a 600 ms
+// window with 400 ms replies before any renew succeeded.)
 func TestTrustWindowCountsFromSend(t *testing.T) {
-	const deadline, delay = 600 * time.Millisecond, 400 * time.Millisecond
-	took := blackholeAfterRenew(t, 100*time.Millisecond, deadline, 2*time.Second, delay)
+	const deadline, delay = time.Second, 600 * time.Millisecond
+	took := blackholeAfterRenew(t, 100*time.Millisecond, deadline, 3*time.Second, delay)
 	t.Logf("stepped down %s after the path went silent (window from the send: %s)", took, deadline-delay)
 	if took > deadline-delay+200*time.Millisecond {
 		t.Fatalf("stepped down %s after the last renew's reply; the window from its send closed at %s", took, deadline-delay)
