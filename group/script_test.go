@@ -362,14 +362,8 @@ func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A key member a owns, resigned to b, from a's main session.
-		var k tag
 		g.mu.Lock()
-		for _, key := range keys {
-			if assignedTo(g, tagOf(key)) == "a" {
-				k = tagOf(key)
-				break
-			}
-		}
+		k := firstAssignedTo(g, keys, "a")
 		g.st.pids = map[uint32]string{7: "a"}
 		g.mu.Unlock()
 		if k == (tag{}) {
@@ -424,14 +418,8 @@ func TestScriptedOldResignCopies(t *testing.T) {
 			if err := g.round(context.Background(), w, true); err != nil {
 				t.Fatal(err)
 			}
-			var k tag
 			g.mu.Lock()
-			for _, key := range keys {
-				if assignedTo(g, tagOf(key)) == "a" {
-					k = tagOf(key)
-					break
-				}
-			}
+			k := firstAssignedTo(g, keys, "a")
 			if k == (tag{}) {
 				g.mu.Unlock()
 				t.Fatal("member a owns no key")
@@ -463,6 +451,17 @@ func TestScriptedOldResignCopies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstAssignedTo is the first of keys g's last assignment gives to
+// member, or the zero tag (g.mu held).
+func firstAssignedTo(g *Group, keys []leader.Key, member string) tag {
+	for _, key := range keys {
+		if assignedTo(g, tagOf(key)) == member {
+			return tagOf(key)
+		}
+	}
+	return tag{}
 }
 
 // assignedTo is the member g's last assignment gives k to (g.mu held).
