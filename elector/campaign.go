@@ -120,6 +120,9 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 	// Left alone: a round that saw the known leader's backend without a
 	// name (not seen in tests yet; the chaos run's "pid N" leader was a
 	// nameless holder of some kind): that backend is still that leader.
+	if err := e.followValue(ls, r); err != nil {
+		return false, false, sent, err
+	}
 	if r.Busy && !r.Held {
 		e.log.Debug("lock busy; campaigning again", zap.String("holder", r.Holder))
 		*possiblyHeld = true

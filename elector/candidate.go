@@ -22,6 +22,9 @@ type Candidate interface {
 	// Leader is the current leader's identity as last seen ("" when nobody
 	// leads, or unknown).
 	Leader() string
+	// LeaderValue is the current leader with the value it proclaimed
+	// (Config.Value; nil until known, and with values off).
+	LeaderValue() leader.Proclamation
 	// Status is a snapshot for probes and status pages.
 	Status() Status
 	// Elected is closed once this candidate is first elected.

@@ -79,6 +79,15 @@ type Callbacks struct {
 	// next call gets the latest leader, not every leader in between. It
 	// never delays an election or a renew.
 	OnNewLeader func(identity string)
+	// OnLeaderValue is called, with values on (see Config.Value), with the
+	// leader and its value whenever either changes as this elector learns
+	// them: the leader's identity first with a nil Value, then its value
+	// once the leader has written it, and again at each Proclaim. Identity
+	// and Value always come from one read that paired them on the leader's
+	// own session, so a value is never reported with another leader's
+	// identity. It runs on a goroutine of its own, in order and coalesced,
+	// like OnNewLeader.
+	OnLeaderValue func(p leader.Proclamation)
 }
 
 // Config configures an Elector. Zero durations take the defaults.
@@ -131,6 +140,19 @@ type Config struct {
 	// default.
 	Fencing Fencing
 
+	// Value is this candidate's value, which it proclaims as it is
+	// elected (etcd's Campaign value, Consul's lock value): where it
+	// serves, for example, so that the others can route to the leader.
+	// Followers read it (LeaderValue, Callbacks.OnLeaderValue), and so do
+	// ObserveValues, leader.HolderValue and pgleader status. At most
+	// leader.MaxValueSize bytes. A non-nil Value turns values on; see
+	// Values for the table that holds them. Proclaim changes it without a
+	// new election.
+	Value []byte
+	// Values configures the values table, and turns values on for a
+	// candidate with no Value of its own (Enabled).
+	Values Values
+
 	// ResignRequests decides who may ask this elector, while it leads, to
 	// hand over (RequestResign, pgleader resign). By default a superuser
 	// and any member of the elector's own role may.
@@ -147,6 +169,29 @@ type ResignRequests struct {
 	// Roles also allows members of these roles, besides superusers and
 	// members of the elector's own role (its session_user).
 	Roles []string
+}
+
+// Values configures the table of leaders' values (see Config.Value): a
+// row per key, written by its leader in a round trip that proves it holds
+// the lock, stamped with the leader's backend pid, session start and
+// identity. Readers pair the row with the live holder in pg_locks on all
+// three, so a value an earlier leader wrote is never read as a later
+// leader's.
+type Values struct {
+	// Enabled turns values on without a Value of this candidate's own: it
+	// reads the leader's, and may Proclaim one once it leads. A non-nil
+	// Config.Value turns them on too.
+	Enabled bool
+	// Table is the values table, "name" or "schema.name" (raw names, as
+	// Fencing.Table). Default leader.DefaultValuesTable.
+	Table string
+	// NoCreate makes a missing table an error instead of creating it
+	// (create it with leader.ValuesTableSQL).
+	NoCreate bool
+	// TrustedOwner names a role whose values table is used although the
+	// elector's role is not a member of it (see Fencing.TrustedOwner: the
+	// owner of the table could write any value for any leader).
+	TrustedOwner string
 }
 
 // Fencing configures fencing terms (see leader.Fence).
@@ -206,6 +251,12 @@ func (c *Config) setDefaults() {
 		c.Fencing.HistoryTable = leader.DefaultHistoryTable
 	}
 	def(&c.Fencing.HistoryRetention, DefaultHistoryRetention)
+	if c.Value != nil {
+		c.Values.Enabled = true
+	}
+	if c.Values.Table == "" {
+		c.Values.Table = leader.DefaultValuesTable
+	}
 	if c.Identity == "" {
 		c.Identity = leader.DefaultIdentity()
 	}
@@ -253,6 +304,12 @@ func (c *Config) validate() error {
 		if c.Fencing.HistoryRetention < time.Second {
 			return bad("Fencing.HistoryRetention", "must be at least 1s, got %s", c.Fencing.HistoryRetention)
 		}
+	}
+	if len(c.Value) > leader.MaxValueSize {
+		return bad("Value", "must be at most %d bytes, got %d (keep a larger payload in a table of your own, and its key in the value)", leader.MaxValueSize, len(c.Value))
+	}
+	if _, err := terms.Quote(c.Values.Table); err != nil {
+		return bad("Values.Table", "%v", err)
 	}
 	if err := leader.ConnectorError(c.Connect); err != nil {
 		return &ConfigError{Field: "Connect", Rule: err.Error()}

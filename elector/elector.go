@@ -63,8 +63,18 @@ type Elector struct {
 	// identity here and pokes newLeader.
 	pendingLeader atomic.Pointer[string]
 	newLeader     chan struct{}
-	trustUntil    atomic.Int64 // ns since epoch; IsLeader is false past it
-	leaderID      atomic.Pointer[string]
+	// Values (see Config.Value): this candidate's own value, the leader's
+	// as last paired, the one OnLeaderValue is to get, the backend whose
+	// value was read last (the elector's goroutine only), and the
+	// statements.
+	value                 atomic.Pointer[[]byte]
+	leaderValue           atomic.Pointer[leader.Proclamation]
+	pendingValue          atomic.Pointer[leader.Proclamation]
+	newValue              chan struct{}
+	valuePID              int32
+	proclaimSQL, valueSQL string
+	trustUntil            atomic.Int64 // ns since epoch; IsLeader is false past it
+	leaderID              atomic.Pointer[string]
 	// leaderPID is the backend of the leader named by leaderID, as the
 	// last round that read the holder saw it (0: none known). Only the
 	// elector's goroutine uses it.
@@ -110,7 +120,14 @@ func New(cfg Config) (*Elector, error) {
 	empty := ""
 	e.leaderID.Store(&empty)
 	e.pendingLeader.Store(&empty)
-	e.newLeader = make(chan struct{}, 1)
+	e.newLeader, e.newValue = make(chan struct{}, 1), make(chan struct{}, 1)
+	if cfg.Value != nil {
+		v := append([]byte{}, cfg.Value...)
+		e.value.Store(&v)
+	}
+	if cfg.Values.Enabled {
+		e.target.WatchValues()
+	}
 	e.elected, e.done = make(chan struct{}), make(chan struct{})
 	e.obs = cfg.Observer
 	e.st = Status{Identity: cfg.Identity, Key: cfg.Key, LastRound: time.Now(),
@@ -251,6 +268,9 @@ func (e *Elector) setLeader(id string) {
 		return
 	}
 	e.log.Info("new leader seen", zap.String("leader", id))
+	if e.cfg.Values.Enabled {
+		e.setLeaderValue(leader.Proclamation{Identity: id}) // its value once read
+	}
 	if e.cfg.Callbacks.OnNewLeader != nil {
 		e.pendingLeader.Store(&id)
 		select {
@@ -317,6 +337,11 @@ func (e *Elector) Run(ctx context.Context) (err error) {
 	if e.cfg.Callbacks.OnNewLeader != nil {
 		stop, stopped := make(chan struct{}), make(chan struct{})
 		go func() { defer close(stopped); e.reportLeaders(stop) }()
+		defer func() { close(stop); <-stopped }()
+	}
+	if e.cfg.Callbacks.OnLeaderValue != nil {
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		go func() { defer close(stopped); e.reportValues(stop) }()
 		defer func() { close(stop); <-stopped }()
 	}
 	r := timing.NewRetry(e.cfg.durations())

@@ -214,3 +214,47 @@ func ExampleNewSemaphore() {
 	// a and b lead slots true
 	// leading: true true 2
 }
+
+// A leader's value: each replica proclaims its address as it is elected,
+// so that others can route to the leader; ObserveValues follows the leader
+// and its value without campaigning, and Proclaim changes the value with
+// no new election.
+func ExampleElector_Proclaim() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := leader.KeyFromName("example-value")
+	seen := make(chan leader.Proclamation, 16)
+	observed := make(chan error, 1)
+	go func() {
+		observed <- elector.ObserveValues(ctx, elector.DSN(exampleDSN()), key, elector.Values{}, func(p leader.Proclamation) {
+			if p.Value != nil {
+				seen <- p
+			}
+		})
+	}()
+	e, err := elector.New(elector.Config{
+		Connect:   elector.DSN(exampleDSN()),
+		Key:       key,
+		Identity:  "web-1",
+		Value:     []byte("http://10.0.0.1:8080"),
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
+	})
+	if err != nil {
+		panic(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	p := <-seen
+	fmt.Printf("%s at %s\n", p.Identity, p.Value)
+	if err := e.Proclaim(ctx, []byte("http://10.0.0.1:9090")); err != nil {
+		panic(err)
+	}
+	p = <-seen
+	fmt.Printf("%s at %s\n", p.Identity, p.Value)
+	cancel()
+	<-done
+	<-observed
+	// Output:
+	// web-1 at http://10.0.0.1:8080
+	// web-1 at http://10.0.0.1:9090
+}

@@ -21,6 +21,7 @@ import (
 type lease interface {
 	coreLease
 	handoverLease
+	valueLease
 }
 
 // coreLease campaigns, proves, renews and releases.
@@ -83,6 +84,10 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 		return nil, fmt.Errorf("session setup: %w", err)
 	}
 	if err := e.ensureTables(ctx, ls); err != nil {
+		ls.Close()
+		return nil, err
+	}
+	if err := e.ensureValues(ctx, ls); err != nil {
 		ls.Close()
 		return nil, err
 	}

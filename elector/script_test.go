@@ -324,9 +324,16 @@ func TestScriptedLateGrantConfirmsBeforeLeading(t *testing.T) {
 // ctxTrusted reports whether OnElected's context is still live.
 func ctxTrusted(ctx context.Context) bool { return ctx.Err() == nil }
 
-// noHandover is a lease that gets no resign requests: what a fake of the
-// core lease embeds.
+// noHandover is a lease that gets no resign requests and keeps no values:
+// what a fake of the core lease embeds.
 type noHandover struct{}
+
+func (noHandover) Proclaim(context.Context, *lockconn.Target, string, string, []byte) error {
+	return nil
+}
+func (noHandover) ReadValue(context.Context, string, string) (lockconn.Value, error) {
+	return lockconn.Value{}, nil
+}
 
 func (noHandover) Requester(context.Context, uint32, []string) (string, bool, bool, error) {
 	return "", false, false, nil

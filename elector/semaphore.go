@@ -108,6 +108,15 @@ func (s *Semaphore) Leader() string {
 	return ""
 }
 
+// LeaderValue is this candidate with its own value while it leads a slot
+// (a semaphore has no single leader to report otherwise).
+func (s *Semaphore) LeaderValue() leader.Proclamation {
+	if e := s.holder(); e != nil && s.IsLeader() {
+		return e.LeaderValue()
+	}
+	return leader.Proclamation{}
+}
+
 // Status is the status of the slot this candidate leads, or of slot 0's
 // campaign when it leads none.
 func (s *Semaphore) Status() Status {

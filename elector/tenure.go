@@ -30,6 +30,15 @@ type tenure struct {
 	// handoverTo: the candidate this tenure hands over to (a resign
 	// request named it, and the lock is reserved for it).
 	handoverTo string
+	// Values (see Proclaim): the calls waiting for the leader's
+	// goroutine, which wake cancels out of its idle read (wakeUp; both
+	// guarded by Elector.mu), ended once the tenure takes no more, and
+	// unpublished while the leader's value is not written.
+	proclaims   []proclaim
+	wake        context.Context
+	wakeUp      context.CancelFunc
+	ended       bool
+	unpublished bool
 }
 
 // window is a tenure's trust window. The leader trusts its leadership until
@@ -74,7 +83,9 @@ func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven boo
 	// The first renew announces the new leader to the followers: after
 	// OnElected started, as the notification wakes every one of them.
 	if reason = e.renew(t, ls, true, true); reason == nil {
-		reason = e.hold(t, ls)
+		if reason = e.publish(t, ls); reason == nil {
+			reason = e.hold(t, ls)
+		}
 	}
 	return e.stepDown(ctx, ls, t, reason)
 }
@@ -97,6 +108,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 	leadCtx, cancel := context.WithCancelCause(context.WithValue(context.WithoutCancel(ctx), tenureKey{}, t))
 	t.ctx, t.cancel = leadCtx, cancel
 	t.stop, t.stopWith = context.WithCancelCause(ctx)
+	t.wake, t.wakeUp = context.WithCancel(t.stop)
 	t.log = e.log.With(zap.Int64("term", term), zap.Uint32("backend_pid", pid))
 	e.trustUntil.Store(int64(t.trust.closes().Sub(e.epoch)))
 	e.leading.Store(true)
@@ -110,7 +122,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
 	})
 	e.setLeader(c.Identity)
-	e.leaderPID = 0
+	e.leaderPID, e.valuePID = 0, 0
 	go func() {
 		defer close(t.cbDone)
 		defer func() {
@@ -144,10 +156,18 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 // context) or a fault.
 func (e *Elector) hold(t *tenure, ls lease) error {
 	for {
-		req, werr := ls.WaitIdle(t.stop, e.target, t.trust.nextRenew())
+		e.mu.Lock()
+		wake := t.wake
+		e.mu.Unlock()
+		req, werr := ls.WaitIdle(wake, e.target, t.trust.nextRenew())
 		switch {
 		case t.stop.Err() != nil:
 			return context.Cause(t.stop)
+		case wake.Err() != nil: // a Proclaim
+			if err := e.proclaimed(t, ls); err != nil {
+				return err
+			}
+			continue
 		case werr != nil:
 			return werr
 		case req.PID != 0:
@@ -160,6 +180,11 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 		}
 		if err := e.renew(t, ls, true, false); err != nil {
 			return err
+		}
+		if t.unpublished {
+			if err := e.publish(t, ls); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -317,6 +342,7 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 	releaseAt := time.Now().Add(c.ReleaseTimeout)
 	e.leading.Store(false)
 	e.trustUntil.Store(0)
+	e.endProclaims(t)
 	t.cancel(reason)
 	t.stopWith(reason)
 	e.obs.Demoted(t.l, reason)

@@ -19,6 +19,7 @@ type Fake struct {
 	elected chan struct{}
 	once    sync.Once
 	resigns int
+	value   leader.Proclamation // see SetLeaderValue
 }
 
 var _ elector.Candidate = (*Fake)(nil)
@@ -68,6 +69,26 @@ func (f *Fake) SetLeader(identity string) {
 	f.mu.Lock()
 	f.st.Leader, f.st.LastRound = identity, time.Now()
 	f.mu.Unlock()
+}
+
+// SetLeaderValue makes identity the leader (as SetLeader does) with value
+// as its value (elector.Config.Value): what LeaderValue then reports.
+func (f *Fake) SetLeaderValue(identity string, value []byte) {
+	f.SetLeader(identity)
+	f.mu.Lock()
+	f.value = leader.Proclamation{Identity: identity, Value: value}
+	f.mu.Unlock()
+}
+
+// LeaderValue returns the leader and the value SetLeaderValue gave it; the
+// value is nil for a leader set otherwise.
+func (f *Fake) LeaderValue() leader.Proclamation {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.value.Identity == f.st.Leader {
+		return f.value
+	}
+	return leader.Proclamation{Identity: f.st.Leader}
 }
 
 // SetStatus edits the fake's Status (a stalled loop, an old renew, a

@@ -115,3 +115,20 @@ func TestExternalServer(t *testing.T) {
 		t.Fatalf("New with an unreachable PGLEADERTEST_DSN: %v", err)
 	}
 }
+
+// SetLeaderValue gives the leader a value; a leader set without one, or
+// the fake's own election, has none.
+func TestFakeLeaderValue(t *testing.T) {
+	f := pgleadertest.NewFake("web-1", leader.KeyFromName("web"))
+	if p := f.LeaderValue(); p.Identity != "" || p.Value != nil {
+		t.Fatalf("no leader: %+v", p)
+	}
+	f.SetLeaderValue("web-2", []byte("http://10.0.0.2"))
+	if p := f.LeaderValue(); p.Identity != "web-2" || string(p.Value) != "http://10.0.0.2" || f.Leader() != "web-2" {
+		t.Fatalf("after SetLeaderValue: %+v, leader %q", p, f.Leader())
+	}
+	f.SetLeader("web-3")
+	if p := f.LeaderValue(); p.Identity != "web-3" || p.Value != nil {
+		t.Fatalf("after SetLeader: %+v", p)
+	}
+}

@@ -57,7 +57,13 @@ type Target struct {
 	bumpSQL                              string // "" without fencing
 	bumpArgs                             []any
 	mark                                 string // NameMarker of the key
+	values                               bool   // see WatchValues
 }
+
+// WatchValues makes a quiet campaign on t end its round when the known
+// leader announces itself again (a value it proclaimed), with
+// Round.Refresh, so that the caller reads the new value.
+func (t *Target) WatchValues() { t.values = true }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
 // the next term (its arguments: classid, objid, objsubid, keyName,
@@ -115,6 +121,9 @@ type Round struct {
 	Already bool
 	// Held: this session's backend holds the lock after the round.
 	Held bool
+	// Refresh: the leader announced itself again since the last round
+	// (with Target.WatchValues): it proclaimed a new value.
+	Refresh bool
 	// Proven: the round itself showed that the session's own backend (its
 	// pid and token) holds the lock, so no separate check is needed.
 	Proven bool

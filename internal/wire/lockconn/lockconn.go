@@ -381,6 +381,13 @@ func Prove(ctx context.Context, sess Session, connect func(context.Context) (*pg
 
 // IsLockTimeout reports whether err is the server's lock_timeout
 // (SQLSTATE 55P03, lock_not_available).
+// IsServerError reports whether the server refused a statement (an ERROR,
+// not a FATAL that ends the session): the session itself is fine.
+func IsServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR"
+}
+
 func IsLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == LockNotAvailable
