@@ -112,6 +112,9 @@ func ChildMain(role string) int {
 			},
 			OnDemoted: func(l leader.Leadership, reason error) {
 				em.Emit(testpg.Event{Ev: "demoted", Identity: id, Term: l.Term, Err: leader.ReasonLabel(reason)})
+				// The reason's text, for a violation's report (Data is a
+				// group's key in "demoted").
+				em.Emit(testpg.Event{Ev: "why", Identity: id, Term: l.Term, Err: reason.Error()})
 			},
 			OnNewLeader: func(leader string) {
 				em.Emit(testpg.Event{Ev: "leaderseen", Identity: id, Data: leader})

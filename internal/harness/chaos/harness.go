@@ -707,6 +707,22 @@ func (h *harness) starvedDrain(p *proc, term int64, key string) bool {
 	return starved && demoted
 }
 
+// demotedReason is the reason p's OnDemoted gave for term (of key, in a
+// group), with its text when the child reported it (an elector's "why").
+func (h *harness) demotedReason(p *proc, term int64, key string) string {
+	reason := "none seen"
+	for _, e := range p.child.Log() {
+		switch {
+		case e.Term != term:
+		case e.Ev == "demoted" && (!h.cfg.Group || e.Data == key):
+			reason = e.Err
+		case e.Ev == "why" && !h.cfg.Group:
+			reason += " (" + e.Err + ")"
+		}
+	}
+	return reason
+}
+
 // drainRefused reports whether s is a slow drain's report with refused
 // writes.
 func drainRefused(s string) bool {
@@ -771,9 +787,9 @@ func (h *harness) checkProcess(p *proc) {
 		case e.Ev == "exited" && e.Data != "":
 			h.violate("resources: %s leaked goroutines: %s", p.id, e.Data)
 		case e.Ev == "returned" && !h.cfg.Group && drainRefused(e.Data) && !h.starvedDrain(p, e.Term, ""):
-			h.violate("drain: %s (term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Term, e.Data)
+			h.violate("drain: %s (term %d): fenced writes refused during a slow drain (%s %s; demoted: %s): its lock was not kept", p.id, e.Term, e.Data, e.Err, h.demotedReason(p, e.Term, ""))
 		case e.Ev == "returned" && h.cfg.Group && drainRefused(e.Err) && !h.starvedDrain(p, e.Term, e.Data):
-			h.violate("drain: %s (key %s, term %d): fenced writes refused during a slow drain (%s): its lock was not kept", p.id, e.Data, e.Term, e.Err)
+			h.violate("drain: %s (key %s, term %d): fenced writes refused during a slow drain (%s; demoted: %s): its lock was not kept", p.id, e.Data, e.Term, e.Err, h.demotedReason(p, e.Term, e.Data))
 		case e.Ev == "elected" && p.standbyOnly && (h.promoted == 0 || e.Mono < h.promoted):
 			h.violate("standby: %s (term %d) was elected while it could reach only the standby", p.id, e.Term)
 		}
