@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader v0.0.0-20261201233529-073e12a03e1c
+	github.com/pgleader/pgleader v0.0.0-20261202010650-e4c27956153c
 	golang.org/x/mod v0.39.0
 )
 

@@ -3,7 +3,7 @@ module github.com/pgleader/pgleader/contrib/otelleader
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-20261201233529-073e12a03e1c
+	github.com/pgleader/pgleader v0.0.0-20261202010650-e4c27956153c
 	go.opentelemetry.io/otel v1.45.0
 	go.opentelemetry.io/otel/metric v1.45.0
 	go.opentelemetry.io/otel/sdk v1.45.0
