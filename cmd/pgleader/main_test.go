@@ -1005,3 +1005,57 @@ func alive(p *os.Process) bool {
 	}
 	return p.Signal(syscall.Signal(0)) == nil
 }
+
+// status shows the value a leader proclaimed (elector.Config.Value): in
+// --json, as text for one NAME; a row that is not the holder's own (a
+// stale pid) is not shown.
+func TestStatusShowsValue(t *testing.T) {
+	s := server(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	elected := make(chan struct{}, 1)
+	e, err := elector.New(elector.Config{Connect: elector.DSN(s.DSN()), Key: leader.KeyFromName("status-value"), Identity: "valued-leader",
+		Value: []byte("10.0.0.7:8080"),
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, _ leader.Leadership) {
+			elected <- struct{}{}
+			<-ctx.Done()
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-elected
+	var l lockStatus
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json", "status-value")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, out)
+		}
+		if err := json.Unmarshal([]byte(out), &l); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if l.Holder != nil && l.Holder.Value != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no value within 30s: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if *l.Holder.Value != "10.0.0.7:8080" || l.Holder.Identity != "valued-leader" {
+		t.Fatalf("holder %+v value %q", l.Holder, *l.Holder.Value)
+	}
+	if code, out := cli(t, nil, "status", "--dsn", s.DSN(), "status-value"); code != 0 || !strings.Contains(out, `value of valued-leader: "10.0.0.7:8080"`) {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	c, o, ss := leader.KeyFromName("status-value").LockTag()
+	if err := s.Exec(ctx, fmt.Sprintf("UPDATE %s SET backend_pid = backend_pid + 1 WHERE classid = %d AND objid = %d AND objsubid = %d", leader.DefaultValuesTable, c, o, ss)); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json", "status-value"); code != 0 || strings.Contains(out, "10.0.0.7") {
+		t.Fatalf("a row of another backend shown as the holder's value: exit %d: %s", code, out)
+	}
+}

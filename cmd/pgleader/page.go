@@ -105,7 +105,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 {{range .Locks}}{{$now := $.Now}}
 <tr class="{{if .Holder}}led{{else}}leaderless{{end}}">
 <td><span class="name">{{if .Name}}{{.Name}}{{else}}(unnamed){{end}}</span><br><span class="key">{{.Key}}</span></td>
-<td>{{with .Holder}}<span class="leader">{{if .Identity}}{{.Identity}}{{else}}(no application_name){{end}}</span><br><span class="sub">pid {{.PID}} · {{.User}}</span>{{else}}<span class="none">NO LEADER</span>{{end}}</td>
+<td>{{with .Holder}}<span class="leader">{{if .Identity}}{{.Identity}}{{else}}(no application_name){{end}}</span><br><span class="sub">pid {{.PID}} · {{.User}}</span>{{with .Value}}<br><span class="sub">value {{.}}</span>{{end}}{{else}}<span class="none">NO LEADER</span>{{end}}</td>
 <td>{{with .Holder}}{{if .HeldSince}}{{if not .HeldSinceExact}}&lt;{{end}}{{age $now .HeldSince}}{{end}}{{end}}</td>
 <td>{{if .Term}}{{.Term}}{{end}}</td>
 <td>{{range .Waiters}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}} <span class="sub">{{if .StandingSince}}{{age $now .StandingSince}}{{else if .WaitingSince}}{{age $now .WaitingSince}}{{end}}</span></div>{{end}}</td>
@@ -202,7 +202,7 @@ func (p *pageServer) read(ctx context.Context) pageData {
 		schemas := p.schemas
 		p.mu.Unlock()
 		tbl := tables{terms: optional(ctx, conn, schemas, leader.DefaultTermsTable),
-			history: optional(ctx, conn, schemas, leader.DefaultHistoryTable)}
+			history: optional(ctx, conn, schemas, leader.DefaultHistoryTable), values: optional(ctx, conn, schemas, leader.DefaultValuesTable)}
 		locks, err := readStatus(ctx, conn, tbl, p.known)
 		if err != nil {
 			return err

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -65,7 +66,13 @@ type sessionStatus struct {
 	// StandingSince is when a pgleader candidate's session started: it
 	// has stood for the key since (it joins the key's roster at connect).
 	StandingSince *time.Time `json:"standing_since,omitempty"`
-	started       *time.Time
+	// Value is the value a holder proclaimed (elector.Config.Value), from
+	// the values table, when it is text; ValueBase64 when it is not.
+	// Only a row the holder's own session wrote (its pid, session start
+	// and identity) counts.
+	Value       *string `json:"value,omitempty"`
+	ValueBase64 []byte  `json:"value_base64,omitempty"`
+	started     *time.Time
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -82,6 +89,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	watch := fs.Bool("watch", false, "redraw whenever the locks change")
 	interval := fs.Duration("interval", time.Second, "poll interval for --watch; the --serve page refreshes every 2s or this, the longer")
 	table := fs.String("terms-table", leader.DefaultTermsTable, "fencing terms table to read names, terms and election times from, if it exists")
+	valuesTable := fs.String("values-table", leader.DefaultValuesTable, "values table to read leaders' values from (elector.Config.Value), if it exists")
 	serve := fs.String("serve", "", "serve a live read-only HTML page on this address instead of printing")
 	slots := fs.Int("n", 1, "with NAME: the N slots of a semaphore (elect -n, lock -n), NAME and NAME#1 to NAME#N-1")
 	var names multiFlag
@@ -130,7 +138,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	tty := isTerminal(stdout)
 	for {
 		locks, err := readStatus(ctx, conn, tables{terms: optional(ctx, conn, schemas, *table),
-			history: optional(ctx, conn, schemas, leader.DefaultHistoryTable)}, known)
+			history: optional(ctx, conn, schemas, leader.DefaultHistoryTable), values: optional(ctx, conn, schemas, *valuesTable)}, known)
 		var groups []*groupView
 		if err == nil {
 			groups, err = readGroups(ctx, conn, locks)
@@ -225,6 +233,13 @@ func renderOnly(out *strings.Builder, locks []*lockStatus, only []string, asJSON
 		fmt.Fprintf(out, "%s: NO SLOT LED (%d slots; %d waiting, %d watching)\n", only[0], len(ls), waiting, watching)
 	default:
 		renderStatus(out, ls)
+		for _, l := range ls {
+			if h := l.Holder; h != nil && h.Value != nil {
+				fmt.Fprintf(out, "value of %s: %s\n", show(h.Identity), strconv.QuoteToGraphic(*h.Value))
+			} else if h != nil && h.ValueBase64 != nil {
+				fmt.Fprintf(out, "value of %s: %d bytes, not text (see --json)\n", show(h.Identity), len(h.ValueBase64))
+			}
+		}
 	}
 	return leaderless
 }
@@ -258,7 +273,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 // tables are pgleader's tables as a command found them (see readable):
 // quoted names, "" for none.
-type tables struct{ terms, history string }
+type tables struct{ terms, history, values string }
 
 func readStatus(ctx context.Context, conn *pgx.Conn, tbl tables, known map[string]string) ([]*lockStatus, error) {
 	waitstart := "NULL::timestamptz"
@@ -382,6 +397,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 			trows.Close()
 		}
 	}
+	readValues(ctx, conn, tbl.values, byKey)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i].order, order[j].order
 		for n := range a {
@@ -534,6 +550,44 @@ CROSS JOIN LATERAL (SELECT elected_at, holder, reason, row_number() OVER (ORDER 
 			ls.LastHandover.At, ls.LastHandover.To = at, holder
 		} else {
 			ls.LastHandover.From, ls.LastHandover.Reason = holder, reason
+		}
+	}
+}
+
+// readValues adds to each held key the value its holder proclaimed, from
+// the values table quoted (when it exists and is trusted): only a row
+// written by the holder's own session (pid, session start, identity) is
+// the holder's.
+func readValues(ctx context.Context, conn *pgx.Conn, quoted string, byKey map[leader.Key]*lockStatus) {
+	if quoted == "" || len(byKey) == 0 {
+		return
+	}
+	rows, err := conn.Query(ctx, `SELECT classid, objid, objsubid, holder, backend_pid, backend_start, value FROM `+quoted)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var classid, objid uint32
+		var objsubid int16
+		var holder string
+		var pid int32
+		var start time.Time
+		var value []byte
+		if rows.Scan(&classid, &objid, &objsubid, &holder, &pid, &start, &value) != nil {
+			return
+		}
+		ls := byKey[leader.KeyFromLockTag(classid, objid, objsubid)]
+		if ls == nil || ls.Holder == nil {
+			continue
+		}
+		if h := ls.Holder; h.Identity == holder && h.PID == uint32(pid) && h.started != nil && h.started.Equal(start) {
+			if utf8.Valid(value) {
+				v := string(value)
+				h.Value = &v
+			} else {
+				h.ValueBase64 = value
+			}
 		}
 	}
 }
