@@ -2,9 +2,10 @@
 // only the leader does the work, the way docs/kubernetes.md recommends for
 // a Deployment: every replica is ready (readiness does not follow
 // leadership, so a rolling update never stalls), and a follower passes each
-// request on to the leader. A replica's identity is its own address, so a
-// follower knows where the leader listens from e.Leader(). The leader then
-// resigns, and the requests follow the new one.
+// request on to the leader. Each replica proclaims its own address as its
+// leader value (elector.Config.Value), so a follower knows where the leader
+// listens from e.LeaderValue(). The leader then resigns, and the requests
+// follow the new one.
 //
 //	go run ./examples/http-active-passive
 package main
@@ -40,7 +41,7 @@ func main() {
 // replica is one instance of the service.
 type replica struct {
 	e   *elector.Elector
-	url string // its own address, which is also its identity
+	url string // its own address, which is also its leader value
 }
 
 // handler serves the work on the leader and passes it on from a follower.
@@ -50,14 +51,15 @@ func (r *replica) handler() http.Handler {
 			fmt.Fprintf(w, "handled by %s\n", r.e.Identity())
 			return
 		}
-		to := r.e.Leader()
-		if to == "" {
+		// The leader's value is its address (behind a pod network, its
+		// pod IP and port): nil while nobody leads, and for a moment after
+		// an election, until the new leader has written its value.
+		to := r.e.LeaderValue().Value
+		if to == nil {
 			http.Error(w, "no leader right now; try again", http.StatusServiceUnavailable)
 			return
 		}
-		// The leader's identity is its address. (Behind a pod network, the
-		// leader's pod IP and port.)
-		target, err := url.Parse("http://" + to)
+		target, err := url.Parse(string(to))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
@@ -78,20 +80,22 @@ func run(ctx context.Context, out io.Writer) error {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	var replicas []*replica
-	for range 2 {
+	for i := range 2 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
+		addr := "http://" + ln.Addr().String()
 		e, err := elector.New(elector.Config{
 			Connect: elector.DSN(dsn), Key: leader.KeyFromName("examples/http-active-passive"),
-			Identity:  ln.Addr().String(),
+			Identity:  fmt.Sprintf("web-%d", i), // in a pod: its name
+			Value:     []byte(addr),             // where the others send the work
 			Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }},
 		})
 		if err != nil {
 			return err
 		}
-		r := &replica{e: e, url: "http://" + ln.Addr().String()}
+		r := &replica{e: e, url: addr}
 		// Default readiness: ready whenever the process works, leader or
 		// not (see docs/kubernetes.md); liveness catches a wedged elector.
 		checker := health.NewChecker(e, health.Options{})
@@ -125,7 +129,8 @@ func run(ctx context.Context, out io.Writer) error {
 	return ask(out, replicas)
 }
 
-// waitLeader waits until a replica leads and every other one has seen it.
+// waitLeader waits until a replica leads and every other one knows its
+// address.
 func waitLeader(ctx context.Context, replicas []*replica) (*replica, error) {
 	for {
 		for _, r := range replicas {
@@ -134,7 +139,7 @@ func waitLeader(ctx context.Context, replicas []*replica) (*replica, error) {
 			}
 			seen := true
 			for _, o := range replicas {
-				seen = seen && o.e.Leader() == r.e.Identity()
+				seen = seen && string(o.e.LeaderValue().Value) == r.url
 			}
 			if seen {
 				return r, nil
