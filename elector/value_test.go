@@ -301,3 +301,44 @@ func TestValueForeignTable(t *testing.T) {
 		t.Fatalf("HolderValue of a foreign table's value: %v", err)
 	}
 }
+
+// Leadership rotates among three electors, and each leader proclaims a
+// new value right after its election: every follower reports every
+// value, whichever way it learned of the new leader (its announcement,
+// its value's, a lookup after its own step-down). The bench found a
+// follower that learned the new leader from a value read, before its
+// session's own lookup, and then missed the next Proclaim.
+func TestValueFollowsRotation(t *testing.T) {
+	srv := sharedServer(t)
+	key := testKey(t)
+	rec := newRecorder(t)
+	logs := map[string]*valueLog{}
+	els := map[string]*running{}
+	for i := range 3 {
+		id := fmt.Sprintf("rot-%d", i)
+		logs[id] = newValueLog()
+		els[id] = startWith(t, rec, opts{dsn: srv.DSN(), key: key, id: id}, func(c *elector.Config) {
+			c.Value, c.Values.Table = []byte(id+"/0"), "values_rotation"
+			c.Callbacks.OnLeaderValue = logs[id].add
+			// The defaults: a step-down's cool-down (one interval) lets
+			// the new leader proclaim before the old one looks it up.
+			c.RenewInterval, c.RenewDeadline, c.LeaseDuration = time.Second, 3*time.Second, 6*time.Second
+		})
+	}
+	cur := rec.next("elected", "").id
+	for run := 1; run <= 6; run++ {
+		want := leader.Proclamation{Identity: cur, Value: fmt.Appendf(nil, "%s/%d", cur, run)}
+		if err := els[cur].e.Proclaim(context.Background(), want.Value); err != nil {
+			t.Fatalf("run %d: Proclaim: %v", run, err)
+		}
+		for id, l := range logs {
+			if id != cur {
+				l.wait(t, want)
+			}
+		}
+		if err := els[cur].e.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cur = rec.next("elected", "").id
+	}
+}

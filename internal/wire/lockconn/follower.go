@@ -52,10 +52,6 @@ type follower struct {
 	// nobody) and identity.
 	leaderPID int32
 	leader    string
-	// refresh: the known leader announced itself again (a new value,
-	// see Lease.Proclaim); with values on (Target.WatchValues) the next
-	// round returns at once with Round.Refresh.
-	refresh bool
 	// verify: a notification says the leader may have changed; the lookup
 	// runs at verifyAt at the earliest. A lookup that finds the holder it
 	// knew (the notification was false) doubles verifyGap, up to verifyCap

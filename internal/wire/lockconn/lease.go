@@ -60,9 +60,10 @@ type Target struct {
 	values                               bool   // see WatchValues
 }
 
-// WatchValues makes a quiet campaign on t end its round when the known
-// leader announces itself again (a value it proclaimed), with
-// Round.Refresh, so that the caller reads the new value.
+// WatchValues makes a quiet campaign on t look the holder up as soon as the
+// known leader announces itself again (a value it proclaimed), and mark
+// every lookup's round Round.Refresh, so that the caller reads the value:
+// a lookup follows every announcement, the new leader's own included.
 func (t *Target) WatchValues() { t.values = true }
 
 // NewTarget builds the Target of a key. With fencing, bumpSQL installs
@@ -121,8 +122,8 @@ type Round struct {
 	Already bool
 	// Held: this session's backend holds the lock after the round.
 	Held bool
-	// Refresh: the leader announced itself again since the last round
-	// (with Target.WatchValues): it proclaimed a new value.
+	// Refresh: the round was a lookup that an announcement made due (with
+	// Target.WatchValues): the leader's value may have changed.
 	Refresh bool
 	// Proven: the round itself showed that the session's own backend (its
 	// pid and token) holds the lock, so no separate check is needed.

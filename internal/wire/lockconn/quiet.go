@@ -203,21 +203,8 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 // wait for a notification or its next poll; or, when a notification said
 // the leader changed, a holder lookup (see follower.verify).
 func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
-	r, err := l.quietRound(ctx, t)
-	if t.values && l.f.refresh {
-		r.Refresh, l.f.refresh = true, false
-	}
-	return r, err
-}
-
-// quietRound is quietCampaign's round.
-func (l *Lease) quietRound(ctx context.Context, t *Target) (Round, error) {
 	f := l.f
 	for {
-		if t.values && f.refresh {
-			// The leader proclaimed a new value: the elector reads it.
-			return Round{Holder: f.leader, HolderPID: f.leaderPID, Busy: true}, nil
-		}
 		switch f.next(time.Now()) {
 		case stepLookup:
 			return l.lookup(ctx, t, nil)
@@ -318,7 +305,9 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 		l.reserved(t, h)
 	}
 	q.heard = reservation{}
-	return Round{Holder: holder, HolderPID: pid, Free: free, Busy: true}, nil
+	// With values on, every lookup (an announcement made it due, or the
+	// session's first) tells the caller to read the leader's value again.
+	return Round{Holder: holder, HolderPID: pid, Free: free, Busy: true, Refresh: t.values}, nil
 }
 
 // ReservationBinds bounds how long a reservation binds a follower (see
@@ -361,8 +350,12 @@ func (l *Lease) heard(t *Target, n *pgconn.Notification) {
 		q.verify = true
 	case n.Channel != t.Channel():
 	case n.Payload != "" && leader:
-		// The leader announced itself again: a value it proclaimed.
-		q.refresh = true
+		// The leader announced itself again: a value it proclaimed. With
+		// values on, look now: the lookup's round tells the caller to
+		// read the value (Round.Refresh).
+		if t.values {
+			q.verify, q.verifyAt = true, now
+		}
 	case n.Payload != "" && !leader:
 		// A new leader, or a false announcement: a lookup tells.
 		if !q.verify {
@@ -407,8 +400,6 @@ func (l *Lease) watch(ctx context.Context, t *Target, until *time.Time) (verify 
 	for {
 		now := time.Now()
 		switch {
-		case t.values && q.refresh:
-			return false, nil
 		case now.Before(q.namedUntil):
 			return false, nil
 		case q.verify && !now.Before(q.verifyAt):

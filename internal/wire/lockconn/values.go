@@ -136,15 +136,3 @@ func (e *ValueError) Unwrap() error { return e.Err }
 func (l *Lease) ReadValue(ctx context.Context, sql, trustedOwner string) (Value, error) {
 	return ReadValue(ctx, l.conn, sql, trustedOwner)
 }
-
-// Refreshed reports, once, that the leader the quiet campaign knows
-// announced itself again since the last call: it proclaimed a new value
-// (see Proclaim), or the announcement of its tenure came after a lookup
-// had already found it.
-func (l *Lease) Refreshed() bool {
-	if l.f == nil || !l.f.refresh {
-		return false
-	}
-	l.f.refresh = false
-	return true
-}
