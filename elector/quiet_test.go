@@ -2,6 +2,7 @@ package elector_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -56,13 +57,16 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 	}
 	first := r.next("elected", "")
 	waitRounds(t, els, 6)
-	for _, rn := range els {
-		if rn.e.Identity() == first.id {
-			if err := rn.e.Resign(context.Background()); err != nil {
-				t.Fatal(err)
+	// Resign whoever leads now: on a loaded machine the first leader's
+	// tenure may have lapsed (and another elector, or it again, leads).
+	eventually(t, "a leader resigns", func() (bool, string) {
+		for _, rn := range els {
+			if rn.e.IsLeader() && rn.e.Resign(context.Background()) == nil {
+				return true, ""
 			}
 		}
-	}
+		return false, "no elector leads"
+	})
 	second := r.next("elected", "")
 	waitRounds(t, els, 6)
 	if added := serverLog(srv)[before:]; len(added) > 0 {
@@ -97,14 +101,23 @@ func TestElectionsAcrossDeadlockTimeouts(t *testing.T) {
 			}
 			cur := r.next("elected", "")
 			for i := 0; i < 2; i++ {
-				if err := els[cur.id].e.Resign(context.Background()); err != nil {
-					t.Fatal(err)
+				// A resigned leader campaigns again after one interval:
+				// on a loaded machine it may find no heir in a lock wait
+				// by then and win again. Five times in a row is no
+				// accident: the heirs are not waiting.
+				for again := 0; ; again++ {
+					if err := els[cur.id].e.Resign(context.Background()); err != nil && !errors.Is(err, leader.ErrNotLeader) {
+						t.Fatal(err)
+					}
+					next := r.next("elected", "")
+					if next.id != cur.id {
+						cur = next
+						break
+					}
+					if again == 4 {
+						t.Fatalf("%s re-elected five times in a row while others waited", cur.id)
+					}
 				}
-				next := r.next("elected", "")
-				if next.id == cur.id {
-					t.Fatalf("%s re-elected while others waited", cur.id)
-				}
-				cur = next
 			}
 			before := len(serverLog(srv))
 			waitRounds(t, []*running{els["dt-1"], els["dt-2"], els["dt-3"]}, 4)
