@@ -41,10 +41,7 @@ func (e *Elector) Proclaim(ctx context.Context, value []byte) error {
 	case len(value) > leader.MaxValueSize:
 		return &ConfigError{Field: "Proclaim", Rule: fmt.Sprintf("the value must be at most %d bytes, got %d", leader.MaxValueSize, len(value))}
 	}
-	if value == nil {
-		value = []byte{}
-	}
-	value = append([]byte(nil), value...)
+	value = append([]byte{}, value...) // the caller's slice stays theirs; never nil
 	p := proclaim{value: value, done: make(chan error, 1)}
 	e.mu.Lock()
 	t := e.tenure

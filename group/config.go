@@ -62,6 +62,17 @@ type Config struct {
 	// table for groups yet).
 	Fencing Fencing
 
+	// Value is this member's value (see elector.Config.Value), at most
+	// leader.MaxValueSize bytes: one per member, for every key it leads.
+	// Each of the member's sessions writes it as it starts, to the values
+	// table (Values), stamped with the session; leader.HolderValue,
+	// elector.ObserveValues and pgleader status then report it with the
+	// member as the leader of each of its keys, and never with another
+	// member. nil: no value.
+	Value []byte
+	// Values configures the values table (see elector.Values).
+	Values Values
+
 	// SingleConnection turns the crash watch off: one connection per
 	// member instead of two, and a member that dies is seen at the
 	// survivors' next round (up to RenewInterval later) instead of at
@@ -103,6 +114,19 @@ type Fencing struct {
 	TrustedOwner string
 }
 
+// Values configures the table of members' values (see Config.Value and
+// elector.Values).
+type Values struct {
+	// Table is the values table, "name" or "schema.name". Default
+	// leader.DefaultValuesTable.
+	Table string
+	// NoCreate makes a missing table an error instead of creating it.
+	NoCreate bool
+	// TrustedOwner names a role whose values table is used although this
+	// member's role is not a member of it.
+	TrustedOwner string
+}
+
 // maxIdentity and maxGroup bound the names: PostgreSQL cuts
 // application_name at 63 bytes.
 const (
@@ -129,6 +153,9 @@ func (c *Config) setDefaults() {
 	if c.Fencing.Enabled && c.Fencing.Table == "" {
 		c.Fencing.Table = leader.DefaultTermsTable
 	}
+	if c.Values.Table == "" {
+		c.Values.Table = leader.DefaultValuesTable
+	}
 }
 
 func (c *Config) validate() error {
@@ -154,6 +181,12 @@ func (c *Config) validate() error {
 		if _, err := terms.Quote(c.Fencing.Table); err != nil {
 			return bad("Fencing.Table", "%v", err)
 		}
+	}
+	if len(c.Value) > leader.MaxValueSize {
+		return bad("Value", "must be at most %d bytes, got %d", leader.MaxValueSize, len(c.Value))
+	}
+	if _, err := terms.Quote(c.Values.Table); err != nil {
+		return bad("Values.Table", "%v", err)
 	}
 	if err := leader.ConnectorError(c.Connect); err != nil {
 		return &leader.ConfigError{Field: "Connect", Rule: err.Error()}

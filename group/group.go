@@ -288,7 +288,33 @@ func (g *Group) prepareMember(ctx context.Context, m *lockconn.Member) error {
 		g.termsTable = tbl.Raw(f.Table)
 		g.mu.Unlock()
 	}
+	if err := g.proclaimMember(ctx, m); err != nil {
+		return err
+	}
 	return g.takeMemberLock(ctx, m)
+}
+
+// proclaimMember writes this member's value (Config.Value) for the new
+// session, before it takes any key. A table another role owns is an
+// error Run gives up on; a write the server refuses is logged, and the
+// member goes on without a value until its next session.
+func (g *Group) proclaimMember(ctx context.Context, m *lockconn.Member) error {
+	c := g.cfg
+	if c.Value == nil {
+		return nil
+	}
+	tbl, err := m.EnsureValues(ctx, c.Values.Table, terms.EnsureOptions{Create: !c.Values.NoCreate, TrustedOwner: c.Values.TrustedOwner})
+	if err == nil {
+		err = m.ProclaimMember(ctx, terms.ProclaimSQL(tbl.Quoted()), c.Value)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, terms.ErrForeignTable) || errors.Is(err, terms.ErrNoTable) || !lockconn.IsServerError(err):
+		return fmt.Errorf("values: %w", err)
+	}
+	g.log.Warn("could not write this member's value; its keys show no value until its next session", zap.Error(err))
+	return nil
 }
 
 // takeMemberLock takes the member lock (one member per identity) and

@@ -27,11 +27,12 @@ import (
 )
 
 func cmdElect(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [-n N] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
+	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [--value V] [-n N] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
 		`  pgleader elect scheduler -- ./scheduler --config prod.yaml   # on every replica: one runs it
   pgleader elect --grace 30s consumer -- ./consume                # longer drain on demotion
   pgleader elect --fencing --listen :8080 consumer -- ./consume   # terms and history; probes and metrics
   pgleader elect -n 3 backfill -- ./backfill                      # at most 3 replicas run it; $PGLEADER_SLOT is 0, 1 or 2
+  pgleader elect --value http://10.0.0.7:8080 web -- ./serve      # the leader's address, for pgleader status and ObserveValues
 The command gets PGLEADER_NAME, PGLEADER_IDENTITY, with -n PGLEADER_SLOT, and,
 with --fencing, PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in
 its environment. With -n N every replica must pass the same N; slot i is
@@ -40,6 +41,7 @@ the election NAME#i (NAME itself for slot 0), as pgleader status shows it.
 /status and /metrics; --allow-resign adds POST /resign.
 `, stderr)
 	identity := fs.String("identity", "", "identity / application_name (default hostname-pid)")
+	value := fs.String("value", "", "the leader's value (elector.Config.Value), e.g. its address: shown by pgleader status, read by ObserveValues and followers; kept in the values table (created when missing)")
 	slots := fs.Int("n", 1, fmt.Sprintf("a semaphore: at most N replicas lead NAME at once, one slot each (1 to %d; every replica must pass the same N)", elector.MaxSemaphoreSlots))
 	grace := fs.Duration("grace", 10*time.Second, "on demotion, SIGTERM the command and SIGKILL it this much later")
 	interval := fs.Duration("renew-interval", elector.DefaultRenewInterval, "renew interval")
@@ -126,6 +128,9 @@ the election NAME#i (NAME itself for slot 0), as pgleader status shows it.
 		ReleaseTimeout: *grace + time.Second,
 		Fencing:        elector.Fencing{Enabled: *fencing},
 		Observer:       obs,
+	}
+	if *value != "" {
+		cfg.Value = []byte(*value)
 	}
 	var c elector.Candidate
 	var run func(context.Context) error

@@ -788,6 +788,7 @@ func TestStatusShowsGroups(t *testing.T) {
 	done := make(chan struct{}, 2)
 	for _, id := range []string{"sg-a", "sg-b"} {
 		g, err := group.New(group.Config{Connect: leader.DSN(s.DSN()), Group: "status group", Keys: keys, Identity: id,
+			Value:         []byte("at-" + id),
 			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
 			Callbacks: group.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) { <-ctx.Done() }}})
 		if err != nil {
@@ -834,6 +835,10 @@ func TestStatusShowsGroups(t *testing.T) {
 	for _, l := range locks {
 		if l.Group == "status group" {
 			n++
+			// Each member's value, on every key it leads.
+			if l.Holder == nil || l.Holder.Value == nil || *l.Holder.Value != "at-"+l.Holder.Identity {
+				t.Fatalf("key %s of the group: holder %+v without its member's value: %s", l.Key, l.Holder, js)
+			}
 		}
 	}
 	if n != 6 {
@@ -1057,5 +1062,32 @@ func TestStatusShowsValue(t *testing.T) {
 	}
 	if code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json", "status-value"); code != 0 || strings.Contains(out, "10.0.0.7") {
 		t.Fatalf("a row of another backend shown as the holder's value: exit %d: %s", code, out)
+	}
+}
+
+// elect --value proclaims the leader's value: pgleader status shows it.
+func TestElectValue(t *testing.T) {
+	dsn := server(t).DSN()
+	cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", "valued-replica", "--value", "http://10.0.0.9:8080",
+		"elect-value", "--", "sleep", "600")
+	proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out := cli(t, nil, "status", "--dsn", dsn, "--json", "elect-value")
+		var l lockStatus
+		if code == exitOK && json.Unmarshal([]byte(out), &l) == nil && l.Holder != nil && l.Holder.Value != nil {
+			if l.Holder.Identity != "valued-replica" || *l.Holder.Value != "http://10.0.0.9:8080" {
+				t.Fatalf("status: %s", out)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no value within 30s: exit %d, %s", code, out)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -557,7 +557,8 @@ CROSS JOIN LATERAL (SELECT elected_at, holder, reason, row_number() OVER (ORDER 
 // readValues adds to each held key the value its holder proclaimed, from
 // the values table quoted (when it exists and is trusted): only a row
 // written by the holder's own session (pid, session start, identity) is
-// the holder's.
+// the holder's. A group member's row (keyed by its member lock, see
+// lockconn.MemberValueTag) gives its value to every key the member leads.
 func readValues(ctx context.Context, conn *pgx.Conn, quoted string, byKey map[leader.Key]*lockStatus) {
 	if quoted == "" || len(byKey) == 0 {
 		return
@@ -566,7 +567,14 @@ func readValues(ctx context.Context, conn *pgx.Conn, quoted string, byKey map[le
 	if err != nil {
 		return
 	}
-	defer rows.Close()
+	type session struct {
+		identity string
+		pid      uint32
+		start    int64
+	}
+	own := map[leader.Key][]byte{}
+	members := map[session][]byte{}
+	stamps := map[leader.Key]session{}
 	for rows.Next() {
 		var classid, objid uint32
 		var objsubid int16
@@ -575,19 +583,35 @@ func readValues(ctx context.Context, conn *pgx.Conn, quoted string, byKey map[le
 		var start time.Time
 		var value []byte
 		if rows.Scan(&classid, &objid, &objsubid, &holder, &pid, &start, &value) != nil {
+			rows.Close()
 			return
 		}
-		ls := byKey[leader.KeyFromLockTag(classid, objid, objsubid)]
-		if ls == nil || ls.Holder == nil {
+		s := session{holder, uint32(pid), start.UnixMicro()}
+		if int32(classid) == lockconn.Space && objsubid == 2 {
+			members[s] = value
 			continue
 		}
-		if h := ls.Holder; h.Identity == holder && h.PID == uint32(pid) && h.started != nil && h.started.Equal(start) {
-			if utf8.Valid(value) {
-				v := string(value)
-				h.Value = &v
-			} else {
-				h.ValueBase64 = value
-			}
+		k := leader.KeyFromLockTag(classid, objid, objsubid)
+		own[k], stamps[k] = value, s
+	}
+	rows.Close()
+	for k, ls := range byKey {
+		h := ls.Holder
+		if h == nil || h.started == nil {
+			continue
+		}
+		s := session{h.Identity, h.PID, h.started.UnixMicro()}
+		value, ok := own[k]
+		if !ok || stamps[k] != s {
+			value, ok = members[s]
+		}
+		switch {
+		case !ok:
+		case utf8.Valid(value):
+			v := string(value)
+			h.Value = &v
+		default:
+			h.ValueBase64 = value
 		}
 	}
 }

@@ -474,4 +474,10 @@ var mutants = []mutant{
 	{"value-unpublished", "elector/tenure.go",
 		"\t\tif reason = e.publish(t, ls); reason == nil {", "\t\tif reason = error(nil); reason == nil {",
 		"a new leader never writes its value: every reader sees the leader with none"},
+	{"value-member-row-ignored", "internal/wire/lockconn/values.go",
+		"\n    OR v.classid` + eq + fmt.Sprint(uint32(Space)) + ` AND v.objsubid` + eq + `2)", ")",
+		"a group member's value pairs with none of its keys"},
+	{"value-member-unwritten", "group/group.go",
+		"\tif c.Value == nil {\n\t\treturn nil\n\t}\n\ttbl, err", "\tif true {\n\t\treturn nil\n\t}\n\ttbl, err",
+		"a group member never writes its value"},
 }

@@ -19,7 +19,9 @@ const MaxValue = 8 << 10
 // lock, none when it is free. The value is NULL unless the table's row was
 // written by the holder's own session: same backend pid, same session
 // start, same identity; a row an earlier leader left (even one whose pid a
-// new backend reuses) pairs with no later holder. The row's table is
+// new backend reuses) pairs with no later holder. The row is t's own (an
+// Elector's), or the holder's member row (a group member's value, keyed by
+// its member lock: see Member.ProclaimMember); t's own first. The row's table is
 // checked too: trusted is whether its owner is the reader's role, one it is
 // a member of, $1, or a superuser (NULL when no row paired). It runs on any
 // connection, under any search_path: everything is named with its schema.
@@ -31,11 +33,13 @@ func (t Tag) ValueSQL(quoted string) string {
    FROM pg_catalog.pg_class c WHERE c.oid` + eq + `v.tableoid),
   (SELECT pg_catalog.pg_get_userbyid(c.relowner)::pg_catalog.text FROM pg_catalog.pg_class c WHERE c.oid` + eq + `v.tableoid)
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) a ON a.pid` + eq + `l.pid
-LEFT JOIN ` + quoted + ` v ON v.classid` + eq + `l.classid AND v.objid` + eq + `l.objid AND v.objsubid` + eq + `l.objsubid
+LEFT JOIN ` + quoted + ` v ON (v.classid` + eq + `l.classid AND v.objid` + eq + `l.objid AND v.objsubid` + eq + `l.objsubid
+    OR v.classid` + eq + fmt.Sprint(uint32(Space)) + ` AND v.objsubid` + eq + `2)
   AND v.backend_pid` + eq + `l.pid AND v.backend_start` + eq + `a.backend_start AND v.holder` + eq + `a.application_name
 WHERE l.locktype` + eq + `'advisory' AND l.classid` + eq + fmt.Sprint(t.ClassID) + ` AND l.objid` + eq + fmt.Sprint(t.ObjID) +
 		` AND l.objsubid` + eq + fmt.Sprint(t.ObjSubID) + ` AND l.granted AND l.mode` + eq + `'ExclusiveLock'
   AND l.database` + eq + `(SELECT datid FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()))
+ORDER BY v.classid` + eq + `l.classid DESC NULLS LAST
 LIMIT 1`
 }
 
@@ -135,4 +139,31 @@ func (e *ValueError) Unwrap() error { return e.Err }
 // between rounds.
 func (l *Lease) ReadValue(ctx context.Context, sql, trustedOwner string) (Value, error) {
 	return ReadValue(ctx, l.conn, sql, trustedOwner)
+}
+
+// MemberValueTag is the values-table row of a group member (see
+// ProclaimMember): its member lock's tag, as pg_locks shows it.
+func MemberValueTag(group, identity string) (classid, objid uint32, objsubid int16) {
+	return uint32(Space), uint32(MemberLock(group, identity)), 2
+}
+
+// EnsureValues finds (or, with opts.Create, creates) the values table for
+// this member's session, as terms.EnsureValues does.
+func (m *Member) EnsureValues(ctx context.Context, table string, opts terms.EnsureOptions) (terms.Table, error) {
+	opts.Schemas = m.sess.Schemas
+	return terms.EnsureValues(ctx, m.conn, table, opts)
+}
+
+// ProclaimMember writes value as this member's value, with proclaimSQL
+// (terms.ProclaimSQL), in the row of its member lock: a reader of any key
+// this session leads pairs it with the holder on the session's pid, start
+// and identity (see ValueSQL). The row stays the member's across its
+// sessions; a new session's write restamps it.
+func (m *Member) ProclaimMember(ctx context.Context, proclaimSQL string, value []byte) error {
+	if value == nil {
+		value = []byte{}
+	}
+	c, o, s := MemberValueTag(m.group, m.identity)
+	_, err := m.conn.Exec(ctx, proclaimSQL, c, o, s, "member "+m.identity+" of "+m.group, value)
+	return err
 }
