@@ -120,6 +120,9 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 	// Left alone: a round that saw the known leader's backend without a
 	// name (not seen in tests yet; the chaos run's "pid N" leader was a
 	// nameless holder of some kind): that backend is still that leader.
+
+	// With values on, the leader's value, when the round says it may
+	// have changed (see followValue).
 	if err := e.followValue(ls, r); err != nil {
 		return false, false, sent, err
 	}

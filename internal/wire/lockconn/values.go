@@ -21,10 +21,12 @@ const MaxValue = 8 << 10
 // start, same identity; a row an earlier leader left (even one whose pid a
 // new backend reuses) pairs with no later holder. The row is t's own (an
 // Elector's), or the holder's member row (a group member's value, keyed by
-// its member lock: see Member.ProclaimMember); t's own first. The row's table is
-// checked too: trusted is whether its owner is the reader's role, one it is
-// a member of, $1, or a superuser (NULL when no row paired). It runs on any
-// connection, under any search_path: everything is named with its schema.
+// its member lock: see Member.ProclaimMember); t's own first. The row's
+// table is checked too: trusted is whether its owner is the reader's role,
+// one it is a member of, $1, or a superuser (NULL when no row paired). It
+// runs on any connection, under any search_path: everything is named with
+// its schema, and the owner is the one of the table the row came from
+// (tableoid), whichever table the name found.
 func (t Tag) ValueSQL(quoted string) string {
 	eq := " OPERATOR(pg_catalog.=) "
 	return `SELECT coalesce(a.application_name,''), l.pid, v.value,
