@@ -83,7 +83,8 @@ func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
 	// so that watchers poll now instead of at their next poll.
 	n := len(t.Vals) + 1
 	t.unlockSQL = fmt.Sprintf("SELECT u, set_config('idle_session_timeout', '0', false), "+
-		"CASE WHEN u AND pg_try_advisory_lock_shared(%s) AND pg_advisory_unlock_shared(%s) THEN pg_notify($%d, '') END IS NOT NULL "+
+		"CASE WHEN u AND pg_try_advisory_lock_shared(%s) AND pg_advisory_unlock_shared(%s) THEN pg_notify($%d, '') END IS NOT NULL, "+
+		"set_config('lock_timeout', '0', true) "+ // its NOTIFY's commit: see notifySQL
 		"FROM (SELECT pg_advisory_unlock(%s) u) s", t.Args, t.Args, n, t.Args)
 	if bumpSQL != "" {
 		t.bumpSQL = bumpSQL
@@ -287,8 +288,13 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 	return term, br.Close()
 }
 
-// notifySQL announces a new leader on its lock's channel.
-const notifySQL = `SELECT pg_notify($1, current_setting('application_name'))`
+// notifySQL announces a new leader on its lock's channel. A NOTIFY's
+// commit waits for the server-wide notify queue lock under lock_timeout,
+// and a timeout there is an ERROR the server logs with no statement (and
+// here it would fail a renew): the transaction turns lock_timeout off (the
+// round trip's deadline bounds the wait), and needs no WAL flush (nothing
+// durable is in it), which keeps the queue lock short for every notifier.
+const notifySQL = `SELECT pg_notify($1, current_setting('application_name')), set_config('lock_timeout', '0', true), set_config('synchronous_commit', 'off', true)`
 
 // Announce is a Renew that also announces this session as t's leader on
 // t's channel, in the same round trip, for quiet followers and for
@@ -429,7 +435,7 @@ func (l *Lease) unlock(ctx context.Context, t *Target) error {
 	}
 	var ok bool
 	args := append(append([]any{l.mode()}, t.Vals...), t.Channel())
-	if err := l.conn.QueryRow(ctx, t.unlockSQL, args...).Scan(&ok, new(string), new(bool)); err != nil {
+	if err := l.conn.QueryRow(ctx, t.unlockSQL, args...).Scan(&ok, new(string), new(bool), new(string)); err != nil {
 		return err
 	}
 	if !ok {

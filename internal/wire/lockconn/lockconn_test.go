@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -836,5 +837,70 @@ func TestStaleRequestsDoNotReachTheNextTenure(t *testing.T) {
 	req, err := ls.WaitIdle(ctx, target, time.Now().Add(300*time.Millisecond))
 	if err != nil || req.PID != 0 {
 		t.Fatalf("the next tenure read %+v (%v): a request heard in the tenure before", req, err)
+	}
+}
+
+// A NOTIFY's commit waits for the server-wide notify queue lock, under
+// lock_timeout: another role's storm of notifications (any role may send
+// them, on any channel) once made a renew that announces fail with a lock
+// timeout, an ERROR the server logs with no statement (issue #31). Every
+// statement of pgleader's that notifies turns lock_timeout off for its own
+// transaction: with a 1 ms lock_timeout and 40 sessions notifying as fast
+// as they can, the announcing renews, the proclaims and the unlocks all
+// succeed, and the session adds no line to the server's log.
+func TestNotifyStormFailsNoCommit(t *testing.T) {
+	srv := server(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for range 40 {
+		c, err := pgx.Connect(ctx, srv.DSN()+"&application_name=storm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			defer c.Close(context.Background())
+			for ctx.Err() == nil {
+				c.Exec(ctx, "SELECT pg_notify('storm', 'x')")
+			}
+		})
+	}
+	conn, err := leader.DSN(srv.DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "storm-leader", LockTimeout: time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	values := "public.storm_values"
+	if _, err := ls.Conn().Exec(ctx, leader.ValuesTableSQL(values)); err != nil {
+		t.Fatal(err)
+	}
+	proclaim := "INSERT INTO " + values + ` AS v (classid, objid, objsubid, key_name, holder, backend_pid, backend_start, value, proclaimed_at)
+SELECT $1::oid, $2::oid, $3::int2, $4::text, 'storm-leader', pg_backend_pid(), now(), $5::bytea, now()
+ON CONFLICT (classid, objid, objsubid) DO UPDATE SET value = EXCLUDED.value`
+	target := lockconn.NewTarget(leader.KeyFromName(t.Name()), "", "", "")
+	for i := range 40 {
+		if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
+			t.Fatalf("round %d: take the key: %+v %v", i, r, err)
+		}
+		if err := ls.Announce(ctx, target); err != nil {
+			t.Fatalf("round %d: an announcing renew in a storm of notifications: %v", i, err)
+		}
+		if err := ls.Proclaim(ctx, target, proclaim, "k", []byte{byte(i)}); err != nil {
+			t.Fatalf("round %d: a proclaim in a storm of notifications: %v", i, err)
+		}
+		if err := ls.Unlock(ctx, target); err != nil {
+			t.Fatalf("round %d: an unlock in a storm of notifications: %v", i, err)
+		}
+	}
+	for _, line := range strings.Split(srv.LogTail(1<<20), "\n") {
+		if strings.Contains(line, "storm-leader") {
+			t.Fatalf("the leader's session logged: %s", line)
+		}
 	}
 }

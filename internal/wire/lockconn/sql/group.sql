@@ -11,7 +11,12 @@ SELECT pg_try_advisory_lock($1, $2)
 -- Take the roster lock ($1, $2) in share mode and, only when it was
 -- taken, tell the group on $3 (payload $4): the NOTIFY is an InitPlan in
 -- the CASE's THEN branch, which PostgreSQL runs only when that branch is.
+-- A NOTIFY's commit waits for the server-wide notify queue lock, under
+-- lock_timeout, and a timeout there is an ERROR the server logs with no
+-- statement: every statement that notifies turns lock_timeout off for its
+-- own transaction (the caller's deadline bounds the wait).
 SELECT CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN (SELECT true FROM pg_notify($3, $4)) ELSE false END
+FROM (SELECT set_config('lock_timeout', '0', true)) s
 
 -- name: exclusive_holder
 -- Who holds the lock ($1, $2, 2) of pgleader's space exclusively: one
@@ -51,8 +56,9 @@ SELECT false, 0, 0, 0, coalesce(a.application_name, ''), l.pid FROM l JOIN pg_st
 -- name: sync_off
 -- An exchange's batch is one implicit transaction, and its NOTIFY makes it
 -- commit a record, which need not wait for a WAL flush: nothing in it is
--- durable state (the fencing terms are written apart, durably).
-SELECT set_config('synchronous_commit', 'off', true)
+-- durable state (the fencing terms are written apart, durably). Nor for
+-- lock_timeout at the notify queue's lock (see join).
+SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '0', true)
 
 -- name: unlock_int8
 -- Release the bigint keys $3; each call is a no-op on any backend but the
@@ -68,7 +74,8 @@ SELECT count(*) FILTER (WHERE CASE WHEN pg_backend_pid() = $1 AND current_settin
   THEN pg_advisory_unlock(a, b) ELSE false END) FROM unnest($3::int4[], $4::int4[]) AS u(a, b)
 
 -- name: notify
-SELECT pg_notify($1, $2)
+-- (see join: no lock_timeout at the commit's notify queue lock)
+SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true)
 
 -- name: try_lock
 -- Try the bigint keys $3 and the pair keys ($4[i], $5[i]), guarded as
@@ -93,4 +100,4 @@ RETURNING classid, objid, objsubid, term
 -- Free every lock of the session (keys, member and roster locks), then
 -- tell the group on $1 (payload $2): the NOTIFY goes out at commit,
 -- after the unlocks.
-SELECT pg_advisory_unlock_all(), pg_notify($1, $2)
+SELECT pg_advisory_unlock_all(), pg_notify($1, $2), set_config('lock_timeout', '0', true)

@@ -11,7 +11,8 @@ SELECT r.rolname::text, r.rolsuper OR pg_has_role(r.oid, session_user, 'MEMBER')
   FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid WHERE a.pid = $1
 
 -- name: reply
-SELECT pg_notify($1, $2)
+-- (no lock_timeout at the commit's notify queue lock: see group.sql's join)
+SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true)
 
 -- name: standing
 -- A session named $1 stands for the key: it holds the key's roster lock
@@ -27,7 +28,7 @@ SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid
 -- reservation on $4 (payload $5) only when both were taken: the NOTIFY is
 -- an InitPlan in the CASE's THEN branch, run only when that branch is.
 SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END
-FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n) s
+FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n, set_config('lock_timeout', '0', true) x) s
 
 -- name: queued
 -- A session named $1 waits for the key ($2, $3, $4).
