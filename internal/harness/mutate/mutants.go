@@ -480,4 +480,7 @@ var mutants = []mutant{
 	{"value-member-unwritten", "group/group.go",
 		"\tif c.Value == nil {\n\t\treturn nil\n\t}\n\ttbl, err", "\tif true {\n\t\treturn nil\n\t}\n\ttbl, err",
 		"a group member never writes its value"},
+	{"notify-commit-lock-timeout", "internal/wire/lockconn/lease.go",
+		"current_setting('application_name')), set_config('lock_timeout', '0', true), set_config", "current_setting('application_name')), set_config('lock_timeout', current_setting('lock_timeout'), true), set_config",
+		"an announcement's commit waits for the notify queue lock under lock_timeout: another role's NOTIFY storm fails the renew and ends the tenure"},
 }
