@@ -3,7 +3,7 @@ module github.com/pgleader/pgleader/contrib/otelleader
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-20261202015943-3ce6644a399d
+	github.com/pgleader/pgleader v0.0.0-20261202022907-a01c892871d0
 	go.opentelemetry.io/otel v1.45.0
 	go.opentelemetry.io/otel/metric v1.45.0
 	go.opentelemetry.io/otel/sdk v1.45.0
