@@ -303,15 +303,25 @@ func (g *Group) proclaimMember(ctx context.Context, m *lockconn.Member) error {
 	if c.Value == nil {
 		return nil
 	}
-	tbl, err := m.EnsureValues(ctx, c.Values.Table, terms.EnsureOptions{Create: !c.Values.NoCreate, TrustedOwner: c.Values.TrustedOwner})
-	if err == nil {
-		err = m.ProclaimMember(ctx, terms.ProclaimSQL(tbl.Quoted()), c.Value)
-	}
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, terms.ErrForeignTable) || errors.Is(err, terms.ErrNoTable) || !lockconn.IsServerError(err):
-		return fmt.Errorf("values: %w", err)
+	var err error
+	// A statement the server refused (a lock wait past lock_timeout while
+	// the other members create the table, say) is tried again, a few
+	// times, before the member goes on without a value.
+	for attempt := 0; attempt < 5; attempt++ {
+		var tbl terms.Table
+		tbl, err = m.EnsureValues(ctx, c.Values.Table, terms.EnsureOptions{Create: !c.Values.NoCreate, TrustedOwner: c.Values.TrustedOwner})
+		if err == nil {
+			err = m.ProclaimMember(ctx, terms.ProclaimSQL(tbl.Quoted()), c.Value)
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, terms.ErrForeignTable) || errors.Is(err, terms.ErrNoTable) || !lockconn.IsServerError(err):
+			return fmt.Errorf("values: %w", err)
+		}
+		if !timing.Sleep(ctx, time.Duration(50<<attempt)*time.Millisecond) {
+			return ctx.Err()
+		}
 	}
 	g.log.Warn("could not write this member's value; its keys show no value until its next session", zap.Error(err))
 	return nil

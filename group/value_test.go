@@ -47,7 +47,19 @@ func TestMemberValue(t *testing.T) {
 					return false, fmt.Sprintf("%s led by %q", k, p.Identity)
 				}
 				if p.Value == nil {
-					return false, fmt.Sprintf("%s: %q has no value yet", k, p.Identity)
+					// What the table holds, should this never pair.
+					var rows []string
+					if rs, err := conn.Query(context.Background(), "SELECT holder, backend_pid, backend_start::text FROM values_group"); err == nil {
+						for rs.Next() {
+							var h, st string
+							var pid int32
+							rs.Scan(&h, &pid, &st)
+							rows = append(rows, fmt.Sprintf("%s/%d/%s", h, pid, st))
+						}
+						rs.Close()
+					}
+					h, _ := leader.Holder(context.Background(), conn, k)
+					return false, fmt.Sprintf("%s: %q (pid %d, started %s) has no value yet; rows %v", k, p.Identity, h.Holder.PID, h.Holder.BackendStart, rows)
 				}
 				if string(p.Value) != "addr-of-"+p.Identity {
 					t.Fatalf("%s: leader %q reported with value %q", k, p.Identity, p.Value)
