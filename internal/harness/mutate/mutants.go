@@ -478,7 +478,7 @@ var mutants = []mutant{
 		"\n    OR v.classid` + eq + fmt.Sprint(uint32(Space)) + ` AND v.objsubid` + eq + `2)", ")",
 		"a group member's value pairs with none of its keys"},
 	{"value-member-unwritten", "group/group.go",
-		"\tif c.Value == nil {\n\t\treturn nil\n\t}\n\ttbl, err", "\tif true {\n\t\treturn nil\n\t}\n\ttbl, err",
+		"\tif c.Value == nil {\n\t\treturn nil\n\t}\n\tvar err error\n", "\tif true {\n\t\treturn nil\n\t}\n\tvar err error\n",
 		"a group member never writes its value"},
 	{"notify-commit-lock-timeout", "internal/wire/lockconn/lease.go",
 		"current_setting('application_name')), set_config('lock_timeout', '0', true), set_config", "current_setting('application_name')), set_config('lock_timeout', current_setting('lock_timeout'), true), set_config",
