@@ -463,7 +463,7 @@ var mutants = []mutant{
 		"if v.Value != nil && (trusted == nil || !*trusted) {", "if false && v.Value != nil && (trusted == nil || !*trusted) {",
 		"a value from a table another role owns (and can write) is believed"},
 	{"proclaim-unannounced", "internal/wire/lockconn/values.go",
-		"\tb.Queue(notifySQL, t.Channel())\n\tbr := l.conn.SendBatch(ctx, b)\n\tdefer br.Close()\n\tif err := CheckResult(br.QueryRow(), l.sess); err != nil {\n\t\treturn err\n\t}\n\tfor range 2 {\n\t\tif _, err := br.Exec(); err != nil {\n\t\t\tvar pgErr", "\tb.Queue(\"SELECT 1\")\n\tbr := l.conn.SendBatch(ctx, b)\n\tdefer br.Close()\n\tif err := CheckResult(br.QueryRow(), l.sess); err != nil {\n\t\treturn err\n\t}\n\tfor range 2 {\n\t\tif _, err := br.Exec(); err != nil {\n\t\t\tvar pgErr",
+		"\tb.Queue(notifySQL, t.Channel())\n\treturn l.checked(ctx, t, b, func", "\tb.Queue(\"SELECT 1\")\n\treturn l.checked(ctx, t, b, func",
 		"a proclaimed value is not announced: followers keep the old value until the leader changes"},
 	{"value-refresh-unheard", "internal/wire/lockconn/quiet.go",
 		"\t\tif t.values {\n\t\t\tq.verify, q.verifyAt = true, now\n\t\t}\n", "",

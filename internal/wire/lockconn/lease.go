@@ -304,21 +304,40 @@ const notifySQL = `SELECT pg_notify($1, current_setting('application_name')), se
 func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	l.dropHeard()
 	b := &pgx.Batch{}
-	b.Queue(t.checkSQL)
 	b.Queue(notifySQL, t.Channel())
 	// A leader listens for resign requests while it leads (see Unlock).
 	b.Queue("LISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize())
+	if err := l.checked(ctx, t, b, nil); err != nil {
+		return err
+	}
+	l.listening = true
+	return nil
+}
+
+// checked sends t's check and then rest's statements in one round trip
+// (one transaction), and reads them in order: the check's answer first
+// (CheckResult), then each statement's. A statement's error goes to soft,
+// when given, which may return the error to report with the session still
+// fit (the rest of the batch is then drained); otherwise, and for a nil
+// answer, it is a fault (lostAfterCheck).
+func (l *Lease) checked(ctx context.Context, t *Target, rest *pgx.Batch, soft func(error) error) error {
+	b := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: t.checkSQL}}, rest.QueuedQueries...)}
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
 		return err
 	}
-	for range 2 {
+	for range rest.QueuedQueries {
 		if _, err := br.Exec(); err != nil {
+			if soft != nil {
+				if serr := soft(err); serr != nil {
+					br.Close()
+					return serr
+				}
+			}
 			return lostAfterCheck(err)
 		}
 	}
-	l.listening = true
 	return lostAfterCheck(br.Close())
 }
 

@@ -2,11 +2,9 @@ package lockconn
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/wire/terms"
 )
@@ -107,27 +105,16 @@ func (l *Lease) Proclaim(ctx context.Context, t *Target, proclaimSQL string, key
 		value = []byte{}
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.checkSQL)
 	b.Queue(proclaimSQL, t.ClassID, t.ObjID, t.ObjSubID, keyName, value)
 	b.Queue(notifySQL, t.Channel())
-	br := l.conn.SendBatch(ctx, b)
-	defer br.Close()
-	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
-		return err
-	}
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Severity == "ERROR" && !l.conn.IsClosed() {
-				// The statement failed (a privilege, a lock wait the
-				// server gave up on): the session and its lock are fine.
-				br.Close()
-				return &ValueError{Err: err}
-			}
-			return lostAfterCheck(err)
+	return l.checked(ctx, t, b, func(err error) error {
+		if IsServerError(err) && !l.conn.IsClosed() {
+			// The statement failed (a privilege, a lock wait the server
+			// gave up on): the session and its lock are fine.
+			return &ValueError{Err: err}
 		}
-	}
-	return lostAfterCheck(br.Close())
+		return nil
+	})
 }
 
 // ValueError is a value the server refused to write (its *pgconn.PgError
