@@ -36,8 +36,12 @@ type Config struct {
 	// Logger receives structured logs; nil means none.
 	Logger *zap.Logger
 
-	// RenewInterval is how often a full round proves every key this member
-	// leads and reads the members: one round trip. Default 1s.
+	// RenewInterval is how often a full round proves this member's session,
+	// and with it every key the session holds: one round trip. A scan of
+	// pg_locks, which proves each key by its lock and reads the members,
+	// goes with it at the session's start, when the members change, and
+	// every RenewInterval while it is cheap (0.5% of the member's time at
+	// most: see docs/groups.md, "What a round proves"). Default 1s.
 	RenewInterval time.Duration
 	// RenewDeadline is the trust window: the member stops trusting every
 	// key it leads (their contexts are cancelled) when no full round has
@@ -75,7 +79,8 @@ type Config struct {
 
 	// SingleConnection turns the crash watch off: one connection per
 	// member instead of two, and a member that dies is seen at the
-	// survivors' next round (up to RenewInterval later) instead of at
+	// survivors' next scan (up to RenewInterval later while scans are
+	// cheap, a few thousand keys; longer in a larger group) instead of at
 	// once. See docs/groups.md.
 	SingleConnection bool
 }

@@ -14,9 +14,13 @@
 // Every member (a process that runs a Group with the same Group name
 // against the same database) holds the group's roster lock in share mode,
 // so pg_locks lists the members; no table is needed. Each full round, one
-// round trip per RenewInterval, reads that list and this session's own
-// locks (one scan of pg_locks), which proves every key this member leads
-// and renews them all at once. Every member computes the same assignment
+// round trip per RenewInterval, proves this member's session (its own
+// backend, its token, a primary), which renews every key it leads at once:
+// a session-level lock ends only with its session or by its own unlock. A
+// scan of pg_locks, in the same round trip, reads the members and proves
+// each key again by its lock: at each session's start, when the members
+// change, and otherwise at most 0.5% of the member's time (every round in
+// a small group). Every member computes the same assignment
 // from the same list (rendezvous hashing with bounded loads), takes the
 // free keys assigned to it with pg_try_advisory_lock (never a wait), and
 // hands over the keys assigned to others: their OnElected is cancelled,
@@ -45,8 +49,8 @@
 //	   |                                               v
 //	   |        OnDemoted ran                       leading <-- adopted: held without a
 //	ending <-------------------------------+           |        tenure (won in a round
-//	   ^     lock lost (a full round did   |           |        that failed), and mine
-//	   |     not find it), session ended --+-----------+
+//	   ^     lock lost (a scan did not     |           |        that failed), and mine
+//	   |     find it), session ended ------+-----------+
 //	   |                                               | no longer mine (a join, a resign,
 //	   |  released (OnElected returned,                |  SetKeys), stopping, or OnElected
 //	   +-- or ReleaseTimeout passed) <-- handing over <+  returned by itself

@@ -56,7 +56,10 @@ type Group struct {
 	gone     map[string]time.Time
 	goneOut  []lockconn.GroupMessage
 	soon     bool // run the next round within a few milliseconds
-	fullSoon bool // the next round is full, whatever woke it
+	// scanSoon: the next round is a scan round, whatever woke it;
+	// scanCost: how long the last scan round took (see scanEvery).
+	scanSoon bool
+	scanCost time.Duration
 
 	stats stats
 	// open opens the main session (a scripted one in tests); testRound

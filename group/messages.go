@@ -12,7 +12,8 @@ import (
 
 // What ends an idle wait, and so which round follows.
 const (
-	wakeFull  = iota // the round is due, or the members changed
+	wakeScan  = iota // the members changed: a scan round
+	wakeFull         // a round is due
 	wakeLight        // a poke, or a key was released or resigned
 )
 
@@ -76,11 +77,11 @@ func (g *Group) stop(reason error) {
 // heard handles a notification; it reports whether a round should run
 // now, and which. NOTIFY is not authenticated, but the server stamps the
 // sender's backend pid: a message is believed only from a member's main
-// session as the last full round read it (and a resign only from the
-// member that owns the key, or the one its owner's resign hands it to:
-// see state.owns). From any other session a join is a hint
-// (one full round at most every hintEvery, which checks pg_locks itself);
-// everything else, and anything malformed, is dropped and costs nothing.
+// session as the last scan read it (and a resign only from the member
+// that owns the key, or the one its owner's resign hands it to: see
+// state.owns). From any other session a join is a hint (one scan round at
+// most every hintEvery, which checks pg_locks itself); everything else,
+// and anything malformed, is dropped and costs nothing.
 func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 	if !g.isMine(n) || n.PID == self {
 		return 0, false
@@ -94,15 +95,15 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 	case !member:
 		if now := time.Now(); m.Kind == lockconn.GroupJoined && !now.Before(g.hintAt) {
 			g.hintAt = now.Add(g.hintEvery())
-			return wakeFull, true
+			return wakeScan, true
 		}
 	case m.Kind == lockconn.GroupJoined:
-		return wakeFull, true
+		return wakeScan, true
 	case m.Kind == lockconn.GroupReleased:
 		return wakeLight, true
 	case m.Kind == lockconn.GroupGone:
 		g.gone[m.Member] = time.Now()
-		return wakeFull, true
+		return wakeScan, true
 	case m.Kind == lockconn.GroupResigned && m.Member == sender && g.st.owns(m.Key, sender):
 		return g.resignHeard(m, sender, n.Channel == g.myChannel)
 	}
@@ -149,5 +150,12 @@ func (g *Group) isMine(n *pgconn.Notification) bool {
 }
 
 // hintEvery is how often a message from a session that is not a known
-// member may trigger a full round.
-func (g *Group) hintEvery() time.Duration { return max(g.cfg.RenewInterval/4, time.Millisecond) }
+// member may trigger a scan round (g.mu held): four times per
+// RenewInterval, and no more than 0.5% of this member's time in scans
+// (see scanEvery), so that a flood of forged joins costs the server little
+// however many keys the group has. A genuine joiner is seen at once
+// unless a forged join just used the hint, and by every member's next
+// periodic scan at the latest.
+func (g *Group) hintEvery() time.Duration {
+	return max(g.cfg.RenewInterval/4, 200*g.scanCost, time.Millisecond)
+}

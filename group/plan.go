@@ -11,11 +11,14 @@ import (
 
 // input is what a round read before it plans.
 type input struct {
-	now  time.Time
-	full bool
-	// held and members are a full round's scan: the keys this backend
-	// holds (proven), and the members. A light round reads nothing: it
-	// goes by the tenures and the last members.
+	now time.Time
+	// full: the round proved the session (the trust window renews);
+	// scanned: it also scanned pg_locks.
+	full, scanned bool
+	// held and members are a scan's: the keys this backend holds (proven
+	// by their locks), and the members. A round that did not scan goes by
+	// the tenures (the session proven, their locks are: see
+	// docs/groups.md, "What a round proves") and the last members.
 	held    map[tag]bool
 	members []string
 }
@@ -65,25 +68,29 @@ type assignment struct {
 
 // plan decides a round, a pure function of the state and what the round
 // read: it never writes st. (It ranges over maps: the order of each list
-// in actions is unspecified.) A full round proves every tenure (a key whose
-// lock is gone is lost), expires holds, assigns again when the keys, the
-// members or the holds changed, hands over what is no longer this
-// member's, releases what is handed over and done, and takes what is this
-// member's and free. A light round does the same with the tenures as held
-// and the last members.
+// in actions is unspecified.) A round that scanned proves every tenure by
+// its lock (a key whose lock is gone is lost); a full round expires holds,
+// assigns again when the keys, the members or the holds changed, hands
+// over what is no longer this member's, releases what is handed over and
+// done, and takes what is this member's and free. A round that did not
+// scan goes by the tenures as held and the last members; a light round
+// also keeps the holds and the pending resigns for the next full round.
 func plan(st *state, in input) actions {
 	var a actions
 	held, members := in.held, in.members
-	if !in.full {
+	if !in.scanned {
 		held, members = map[tag]bool{}, st.members
 		for k, ks := range st.keys {
 			if ks.phase == phaseLeading || ks.phase == phaseHanding {
 				held[k] = true
 			}
 		}
+		for k := range st.extra {
+			held[k] = true
+		}
 	}
 	lost := map[tag]bool{}
-	if in.full {
+	if in.scanned {
 		for k, ks := range st.keys {
 			if (ks.phase == phaseLeading || ks.phase == phaseHanding) && !held[k] {
 				a.lost = append(a.lost, k)
@@ -114,7 +121,7 @@ func plan(st *state, in input) actions {
 		if h, ok := holds[k]; ok && h.member == st.me {
 			continue // resigned, or returned by itself: not taken back yet
 		}
-		if ks := st.keys[k]; !held[k] && ks.phase != phaseEnding && !lost[k] {
+		if ks := st.keys[k]; !held[k] && ks.phase != phaseEnding && !lost[k] && (in.scanned || !st.doubt[k]) {
 			a.want = append(a.want, k)
 		}
 	}

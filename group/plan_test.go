@@ -145,7 +145,7 @@ func snapshotOf(st *state) map[string]any {
 // free -> wanted (and, once won, leading: the round begins it).
 func TestPlanWantsItsFreeKeys(t *testing.T) {
 	f := newFixture(8, "a", "a", "b")
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(), members: []string{"a", "b"}})
 	same(t, "want", a.want, f.mine())
 	if a.assign != nil || len(a.unlock)+len(a.adopt)+len(a.handOver) != 0 {
 		t.Fatalf("a standing round with nothing led: %+v", a)
@@ -159,7 +159,7 @@ func TestPlanKeepsWhatItLeads(t *testing.T) {
 	for _, k := range f.mine() {
 		f.lead(k, phaseLeading, false)
 	}
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(f.mine()...), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(f.mine()...), members: []string{"a", "b"}})
 	if len(a.want)+len(a.unlock)+len(a.handOver)+len(a.lost)+len(a.adopt) != 0 {
 		t.Fatalf("a steady round: %+v", a)
 	}
@@ -174,7 +174,7 @@ func TestPlanLosesAKeyWhoseLockIsGone(t *testing.T) {
 	for _, k := range mine {
 		f.lead(k, phaseLeading, false)
 	}
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(mine[1:]...), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(mine[1:]...), members: []string{"a", "b"}})
 	same(t, "lost", a.lost, mine[:1])
 	same(t, "want", a.want, nil)
 	same(t, "unlock", a.unlock, nil)
@@ -200,7 +200,7 @@ func TestPlanHandsOverWhatAJoinTakes(t *testing.T) {
 	for _, k := range f.keys {
 		f.lead(k, phaseLeading, false)
 	}
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(f.keys...), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(f.keys...), members: []string{"a", "b"}})
 	if a.assign == nil {
 		t.Fatal("the members changed and nothing was assigned again")
 	}
@@ -231,7 +231,7 @@ func TestPlanReleasesWhenOnElectedReturned(t *testing.T) {
 		f := newFixture(4, "a", "a", "b")
 		k := f.mine()[0]
 		f.lead(k, phaseHanding, returned)
-		a := planPure(t, f.st, input{now: t0, full: true, held: held(k), members: []string{"a", "b"}})
+		a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(k), members: []string{"a", "b"}})
 		if returned {
 			same(t, "unlock", a.unlock, []tag{k})
 			same(t, "released", a.released, []tag{k})
@@ -251,7 +251,7 @@ func TestPlanReleasesPastReleaseTimeout(t *testing.T) {
 	f := newFixture(4, "a", "a", "b")
 	k := f.mine()[0]
 	f.lead(k, phaseHanding, false)
-	a := planPure(t, f.st, input{now: t0.Add(6 * time.Second), full: true, held: held(k), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0.Add(6 * time.Second), full: true, scanned: true, held: held(k), members: []string{"a", "b"}})
 	same(t, "unlock", a.unlock, []tag{k})
 	same(t, "overran", a.overran, []tag{k})
 }
@@ -262,7 +262,7 @@ func TestPlanHandsOverWhenOnElectedReturns(t *testing.T) {
 	f := newFixture(4, "a", "a", "b")
 	k := f.mine()[0]
 	f.lead(k, phaseLeading, true)
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(k), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(k), members: []string{"a", "b"}})
 	if len(a.handOver) != 1 || a.handOver[0].k != k || !errors.Is(a.handOver[0].reason, leader.ErrCallbackReturned) {
 		t.Fatalf("handOver %+v, want %v with ErrCallbackReturned", a.handOver, k)
 	}
@@ -279,13 +279,13 @@ func TestPlanWaitsForOnDemoted(t *testing.T) {
 	f := newFixture(4, "a", "a", "b")
 	k := f.mine()[0]
 	f.lead(k, phaseEnding, true)
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(), members: []string{"a", "b"}})
 	if slices.Contains(a.want, k) {
 		t.Fatal("an ending key is wanted")
 	}
 	// Held again (won in a round that failed after the grant): released,
 	// not adopted, while it ends.
-	a = planPure(t, f.st, input{now: t0, full: true, held: held(k), members: []string{"a", "b"}})
+	a = planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(k), members: []string{"a", "b"}})
 	same(t, "adopt", a.adopt, nil)
 	same(t, "unlock", a.unlock, []tag{k})
 }
@@ -297,7 +297,7 @@ func TestPlanAdoptsOrReleasesLeftovers(t *testing.T) {
 	f := newFixture(8, "a", "a", "b")
 	m, o := f.mine()[0], f.theirs()[0]
 	foreign := tag{C: 1, O: 2, S: 2} // not in the set at all
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(m, o, foreign), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(m, o, foreign), members: []string{"a", "b"}})
 	same(t, "adopt", a.adopt, []tag{m})
 	same(t, "unlock", a.unlock, []tag{o, foreign})
 	if slices.Contains(a.want, m) {
@@ -314,7 +314,7 @@ func TestPlanResignHold(t *testing.T) {
 	f.lead(k, phaseHanding, true)
 	f.st.keys[k].hold = resignHold{member: "a", until: t0.Add(10 * time.Second)}
 	f.st.dirty = true
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(k), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(k), members: []string{"a", "b"}})
 	same(t, "unlock", a.unlock, []tag{k})
 	if len(a.toSuccessors) != 1 || a.toSuccessors[0].To != "b" || a.toSuccessors[0].Key != k || a.toSuccessors[0].Kind != lockconn.GroupResigned {
 		t.Fatalf("successors %+v, want a resign of %v to b", a.toSuccessors, k)
@@ -332,7 +332,7 @@ func TestPlanResignHold(t *testing.T) {
 	f2 := newFixture(8, "a", "a", "b")
 	k2 := f2.mine()[0]
 	f2.st.keys[k2].hold = resignHold{member: "a", until: t0.Add(-time.Millisecond)}
-	a = planPure(t, f2.st, input{now: t0, full: true, held: held(), members: []string{"a", "b"}})
+	a = planPure(t, f2.st, input{now: t0, full: true, scanned: true, held: held(), members: []string{"a", "b"}})
 	same(t, "expired", a.expired, []tag{k2})
 	if a.assign == nil || !a.assign.mine[k2] || !slices.Contains(a.want, k2) {
 		t.Fatalf("an expired hold: assign %+v, want %v", a.assign, a.want)
@@ -376,7 +376,7 @@ func TestPlanStopping(t *testing.T) {
 		f.lead(k, phaseLeading, false)
 	}
 	f.st.stopping = true
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(f.mine()...), members: []string{"a", "b"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(f.mine()...), members: []string{"a", "b"}})
 	if len(a.handOver) != len(f.mine()) || len(a.want)+len(a.adopt) != 0 {
 		t.Fatalf("stopping: %+v", a)
 	}
@@ -418,7 +418,7 @@ func TestPlanBroadcastsHeldResignsToNewMembers(t *testing.T) {
 	k := f.mine()[0]
 	f.st.keys[k].hold = resignHold{member: "a", until: t0.Add(10 * time.Second)}
 	f.st.pending = []lockconn.GroupMessage{{Kind: lockconn.GroupResigned, Member: "a", Key: f.keys[1], To: "b"}}
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(), members: []string{"a", "b", "c"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(), members: []string{"a", "b", "c"}})
 	if len(a.broadcast) != 2 {
 		t.Fatalf("broadcast %+v, want the pending resign and the held one", a.broadcast)
 	}
@@ -432,10 +432,10 @@ func TestPlanBroadcastsHeldResignsToNewMembers(t *testing.T) {
 // list (not joined yet) leads nothing.
 func TestPlanMembership(t *testing.T) {
 	f := newFixture(6, "a", "a")
-	a := planPure(t, f.st, input{now: t0, full: true, held: held(), members: []string{"a"}})
+	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(), members: []string{"a"}})
 	same(t, "want", a.want, f.keys)
 	f2 := newFixture(6, "a", "b")
-	a = planPure(t, f2.st, input{now: t0, full: true, held: held(), members: []string{"b"}})
+	a = planPure(t, f2.st, input{now: t0, full: true, scanned: true, held: held(), members: []string{"b"}})
 	same(t, "want", a.want, nil)
 }
 

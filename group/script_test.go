@@ -35,6 +35,12 @@ type scriptWire struct {
 	// while an exchange is in flight.
 	roundDelay time.Duration
 	onExchange func()
+	// scanDelay: a scan round's reply comes this much later still; scans:
+	// when each scan round was answered; stacked: tries of a key already
+	// held (on a server, the lock stacks: one unlock would not free it).
+	scanDelay time.Duration
+	scans     []time.Time
+	stacked   int
 }
 
 func newScriptWire(members ...string) *scriptWire {
@@ -55,13 +61,24 @@ func (w *scriptWire) Join(context.Context) (bool, error) {
 func (w *scriptWire) RosterHolder(context.Context) (lockconn.SpaceHolder, error) {
 	return lockconn.SpaceHolder{}, nil
 }
-func (w *scriptWire) Round(ctx context.Context, _ []lockconn.GroupMessage, _ string) (lockconn.Scan, error) {
+func (w *scriptWire) Round(ctx context.Context, _ []lockconn.GroupMessage, _ string, scan bool) (lockconn.Scan, error) {
 	if w.roundDelay > 0 {
 		time.Sleep(w.roundDelay)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["round"]++
+	if !scan {
+		w.calls["check"]++
+		return lockconn.Scan{}, nil
+	}
+	if w.scanDelay > 0 {
+		w.mu.Unlock()
+		time.Sleep(w.scanDelay)
+		w.mu.Lock()
+	}
+	w.calls["scan"]++
+	w.scans = append(w.scans, time.Now())
 	sc := lockconn.Scan{Held: map[tag]bool{}, Members: w.members, PIDs: map[uint32]string{}}
 	for k := range w.held {
 		sc.Held[k] = true
@@ -77,6 +94,11 @@ func (w *scriptWire) Exchange(ctx context.Context, x lockconn.Exchange) ([]tag, 
 	w.calls["exchange"]++
 	for _, k := range x.Unlock {
 		delete(w.held, k)
+	}
+	for _, k := range x.Want {
+		if w.held[k] {
+			w.stacked++
+		}
 	}
 	if len(x.Want) > 0 && w.tableFull > 0 {
 		w.tableFull--
@@ -158,16 +180,16 @@ func TestScriptedLightRoundAfterTrustWindowIsFull(t *testing.T) {
 	g, _ := scripted(t, 4, nil)
 	w := newScriptWire("me")
 	ctx := context.Background()
-	if err := g.round(ctx, w, true); err != nil || g.leading() != 4 {
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 {
 		t.Fatalf("first round: %v, leading %d", err, g.leading())
 	}
-	if err := g.round(ctx, w, false); err != nil || w.count("round") != 1 {
+	if err := g.round(ctx, w, lightRound); err != nil || w.count("round") != 1 {
 		t.Fatalf("a light round within the window: %v, %d full rounds", err, w.count("round"))
 	}
 	g.mu.Lock()
 	g.st.trustEnd = time.Now().Add(-time.Millisecond)
 	g.mu.Unlock()
-	if err := g.round(ctx, w, false); err != nil {
+	if err := g.round(ctx, w, lightRound); err != nil {
 		t.Fatal(err)
 	}
 	if n := w.count("round"); n != 2 {
@@ -187,7 +209,7 @@ func TestScriptedLockTableFullThenAdopted(t *testing.T) {
 	w := newScriptWire("me")
 	w.tableFull = 1
 	ctx := context.Background()
-	if err := g.round(ctx, w, true); err != nil {
+	if err := g.round(ctx, w, scanRound); err != nil {
 		t.Fatalf("a full lock table ended the round: %v", err)
 	}
 	st := g.Status()
@@ -197,7 +219,7 @@ func TestScriptedLockTableFullThenAdopted(t *testing.T) {
 	if len(w.held) != 1 {
 		t.Fatalf("the script holds %d keys, want the one taken before the error", len(w.held))
 	}
-	if err := g.round(ctx, w, true); err != nil || g.leading() != 4 {
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 {
 		t.Fatalf("the next round: %v, leading %d, want all 4 (one adopted)", err, g.leading())
 	}
 }
@@ -209,7 +231,7 @@ func TestScriptedLockTableTooSmallIsFatal(t *testing.T) {
 	g.table = lockconn.LockTable{PerTx: 1, Conns: 2}
 	w := newScriptWire("me")
 	w.tableFull = 1
-	err := g.round(context.Background(), w, true)
+	err := g.round(context.Background(), w, scanRound)
 	var lte *LockTableError
 	if !errors.Is(err, ErrLockTable) || !errors.As(err, &lte) || lte.Keys != 4 {
 		t.Fatalf("want a LockTableError for 4 keys, got %v", err)
@@ -224,13 +246,13 @@ func TestScriptedBusyTermThenAdopted(t *testing.T) {
 	w := newScriptWire("me")
 	w.busyBumps = 1
 	ctx := context.Background()
-	if err := g.round(ctx, w, true); err != nil {
+	if err := g.round(ctx, w, scanRound); err != nil {
 		t.Fatalf("a busy term ended the round: %v", err)
 	}
 	if g.leading() != 0 || len(w.held) != 3 {
 		t.Fatalf("busy term: leading %d, held %d; want 0 and 3", g.leading(), len(w.held))
 	}
-	if err := g.round(ctx, w, true); err != nil || g.leading() != 3 {
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
 		t.Fatalf("next round: %v, leading %d", err, g.leading())
 	}
 	g.mu.Lock()
@@ -252,13 +274,13 @@ func TestScriptedLostKeyEndsAlone(t *testing.T) {
 	})
 	w := newScriptWire("me")
 	ctx := context.Background()
-	if err := g.round(ctx, w, true); err != nil || g.leading() != 3 {
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
 		t.Fatalf("first round: %v, leading %d", err, g.leading())
 	}
 	w.mu.Lock()
 	delete(w.held, tagOf(keys[0]))
 	w.mu.Unlock()
-	if err := g.round(ctx, w, true); err != nil {
+	if err := g.round(ctx, w, scanRound); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -275,7 +297,7 @@ func TestScriptedLostKeyEndsAlone(t *testing.T) {
 	// Once its OnDemoted ran, the key is taken again.
 	deadline := time.Now().Add(10 * time.Second)
 	for g.leading() != 3 && time.Now().Before(deadline) {
-		if err := g.round(ctx, w, true); err != nil {
+		if err := g.round(ctx, w, scanRound); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Millisecond)
@@ -291,14 +313,14 @@ func TestScriptedLightRoundDoesNotExtendTrust(t *testing.T) {
 	g, _ := scripted(t, 2, nil)
 	w := newScriptWire("me")
 	ctx := context.Background()
-	if err := g.round(ctx, w, true); err != nil {
+	if err := g.round(ctx, w, scanRound); err != nil {
 		t.Fatal(err)
 	}
 	g.mu.Lock()
 	before := g.st.trustEnd
 	g.mu.Unlock()
 	time.Sleep(2 * time.Millisecond)
-	if err := g.round(ctx, w, false); err != nil {
+	if err := g.round(ctx, w, lightRound); err != nil {
 		t.Fatal(err)
 	}
 	g.mu.Lock()
@@ -316,7 +338,7 @@ func TestScriptedTrustFromSend(t *testing.T) {
 	w := newScriptWire("me")
 	w.roundDelay = 80 * time.Millisecond
 	sent := time.Now()
-	if err := g.round(context.Background(), w, true); err != nil {
+	if err := g.round(context.Background(), w, scanRound); err != nil {
 		t.Fatal(err)
 	}
 	g.mu.Lock()
@@ -335,7 +357,7 @@ func TestScriptedNoTenureWhileStopping(t *testing.T) {
 	g, _ := scripted(t, 3, nil)
 	w := newScriptWire("me")
 	w.onExchange = func() { g.stop(context.Canceled) }
-	if err := g.round(context.Background(), w, true); err != nil {
+	if err := g.round(context.Background(), w, scanRound); err != nil {
 		t.Fatal(err)
 	}
 	if n := g.leading(); n != 0 {
@@ -343,7 +365,7 @@ func TestScriptedNoTenureWhileStopping(t *testing.T) {
 	}
 	// The next round releases what the exchange took.
 	w.onExchange = nil
-	if err := g.round(context.Background(), w, true); err != nil {
+	if err := g.round(context.Background(), w, scanRound); err != nil {
 		t.Fatal(err)
 	}
 	if len(w.held) != 0 {
@@ -358,7 +380,7 @@ func TestScriptedGiftOnlyToTheSuccessor(t *testing.T) {
 	for _, me := range []string{"b", "c"} {
 		g, keys := scripted(t, 6, func(c *Config) { c.Identity = me })
 		w := newScriptWire("a", "b", "c")
-		if err := g.round(context.Background(), w, true); err != nil {
+		if err := g.round(context.Background(), w, scanRound); err != nil {
 			t.Fatal(err)
 		}
 		// A key member a owns, resigned to b, from a's main session.
@@ -415,7 +437,7 @@ func TestScriptedOldResignCopies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g, keys := scripted(t, 6, func(c *Config) { c.Identity = "b" })
 			w := newScriptWire("a", "b", "c")
-			if err := g.round(context.Background(), w, true); err != nil {
+			if err := g.round(context.Background(), w, scanRound); err != nil {
 				t.Fatal(err)
 			}
 			g.mu.Lock()
@@ -499,7 +521,7 @@ func TestScriptedFaultDuringStopDrainIsTheReason(t *testing.T) {
 				}
 			})
 			w := newScriptWire("me")
-			if err := g.round(context.Background(), w, true); err != nil || g.leading() != 3 {
+			if err := g.round(context.Background(), w, scanRound); err != nil || g.leading() != 3 {
 				t.Fatalf("first round: %v, leading %d", err, g.leading())
 			}
 			g.stop(context.Canceled) // every key handed over; OnElected drains
@@ -517,5 +539,185 @@ func TestScriptedFaultDuringStopDrainIsTheReason(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A full round proves the session, and with it every key (a session lock
+// ends only with its session or its own unlock): it renews the trust
+// window without a scan, and a key missing from the server (here dropped
+// behind the member's back) is found by the next scan round, not before.
+func TestScriptedFullRoundProvesTheSession(t *testing.T) {
+	demoted := make(chan error, 4)
+	g, keys := scripted(t, 3, func(c *Config) {
+		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
+	})
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	g.mu.Lock()
+	g.st.trustEnd = time.Now().Add(-time.Millisecond)
+	g.mu.Unlock()
+	w.mu.Lock()
+	delete(w.held, tagOf(keys[0]))
+	w.mu.Unlock()
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if w.count("scan") != 1 || w.count("check") != 1 {
+		t.Fatalf("a full round: %d scans, %d checks; want the check alone", w.count("scan"), w.count("check"))
+	}
+	if !g.IsLeader(keys[1]) || g.leading() != 3 {
+		t.Fatalf("the full round did not renew the trust window (leading %d)", g.leading())
+	}
+	if st := g.Status(); st.Rounds != 2 || st.Scans != 1 || !st.LastScan.Before(st.LastRound) {
+		t.Fatalf("status after a scan and a full round: rounds %d, scans %d, last scan %s, last round %s", st.Rounds, st.Scans, st.LastScan, st.LastRound)
+	}
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case reason := <-demoted:
+		if !errors.Is(reason, leader.ErrLockLost) {
+			t.Fatalf("demoted with %v, want ErrLockLost", reason)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scan did not find the key's lock gone")
+	}
+}
+
+// Keys an exchange may have won before the lock table filled are never
+// tried again before a scan says whether they are held (a try on a key
+// held stacks the lock: one unlock would no longer free it); the scan
+// adopts the one that was.
+func TestScriptedLockTableFullNoStackBeforeScan(t *testing.T) {
+	g, _ := scripted(t, 4, nil)
+	w := newScriptWire("me")
+	w.tableFull = 1
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatalf("a full lock table ended the round: %v", err)
+	}
+	for _, kind := range []roundKind{fullRound, lightRound, fullRound} {
+		if err := g.round(ctx, w, kind); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.stacked != 0 {
+		t.Fatalf("%d tries of a key the session held (stacked locks)", w.stacked)
+	}
+	if g.leading() != 0 {
+		t.Fatalf("leading %d before a scan; the keys the failed exchange wanted are in doubt", g.leading())
+	}
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 || w.stacked != 0 {
+		t.Fatalf("the scan round: %v, leading %d, stacked %d; want all 4, none stacked", err, g.leading(), w.stacked)
+	}
+}
+
+// Keys won while a term row was busy are held without a tenure; the next
+// round adopts them, scan or not (the exchange said they were won).
+func TestScriptedBusyTermAdoptedWithoutScan(t *testing.T) {
+	g, _ := scripted(t, 3, func(c *Config) { c.Fencing = Fencing{Enabled: true} })
+	w := newScriptWire("me")
+	w.busyBumps = 1
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 0 {
+		t.Fatalf("a busy term: %v, leading %d", err, g.leading())
+	}
+	if err := g.round(ctx, w, fullRound); err != nil || g.leading() != 3 || w.stacked != 0 {
+		t.Fatalf("the next full round: %v, leading %d, stacked %d; want 3 adopted, none stacked", err, g.leading(), w.stacked)
+	}
+	if w.count("scan") != 1 {
+		t.Fatalf("%d scans", w.count("scan"))
+	}
+}
+
+// The loop scans at most 0.5% of the member's time: a scan that takes
+// 10 ms runs at most every 2 s, with full rounds (every RenewInterval,
+// 20 ms) between; and it does run again.
+func TestScriptedScansPaced(t *testing.T) {
+	g, _ := scripted(t, 3, func(c *Config) {
+		c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 20*time.Millisecond, 2*time.Second, 3*time.Second
+	})
+	w := newScriptWire("me")
+	w.scanDelay = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.loop(ctx, w) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w.mu.Lock()
+		n := len(w.scans)
+		w.mu.Unlock()
+		if n >= 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.scans) < 3 {
+		t.Fatalf("%d scans in 30 s; the scan must come again", len(w.scans))
+	}
+	for i := 1; i < len(w.scans); i++ {
+		if gap := w.scans[i].Sub(w.scans[i-1]); gap < 1900*time.Millisecond {
+			t.Fatalf("scans %s apart; a 10 ms scan runs at most every 2 s", gap)
+		}
+	}
+	if w.calls["check"] < 2 {
+		t.Fatalf("%d full rounds without a scan between %d scans", w.calls["check"], len(w.scans))
+	}
+}
+
+// The pacing's arithmetic: scans and hints every RenewInterval (hints four
+// times as often) while a scan is cheap, and no more than 0.5% of the
+// time once it is not.
+func TestScanPacing(t *testing.T) {
+	g, _ := scripted(t, 1, nil)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, tc := range []struct {
+		cost, scan, hint time.Duration
+	}{
+		{0, time.Second, 250 * time.Millisecond},
+		{4 * time.Millisecond, time.Second, 800 * time.Millisecond},
+		{130 * time.Millisecond, 26 * time.Second, 26 * time.Second},
+	} {
+		g.scanCost = tc.cost
+		if s, h := g.scanEvery(), g.hintEvery(); s != tc.scan || h != tc.hint {
+			t.Errorf("scan cost %s: scans every %s, hints every %s; want %s and %s", tc.cost, s, h, tc.scan, tc.hint)
+		}
+	}
+}
+
+// A scan round that adopts a lock and meets a full lock table again: the
+// adoption goes on, the key the second exchange won before the error is in
+// doubt (never tried: that would stack it) until the next scan adopts it.
+func TestScriptedAdoptMeetsFullTable(t *testing.T) {
+	g, _ := scripted(t, 4, nil)
+	w := newScriptWire("me")
+	w.tableFull = 2
+	ctx := context.Background()
+	for range 2 {
+		if err := g.round(ctx, w, scanRound); err != nil {
+			t.Fatalf("a full lock table ended the round: %v", err)
+		}
+	}
+	if g.leading() != 1 || len(w.held) != 2 {
+		t.Fatalf("after two full tables: leading %d, the script holds %d; want 1 (adopted) and 2", g.leading(), len(w.held))
+	}
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if w.stacked != 0 || g.leading() != 1 {
+		t.Fatalf("the next full round: stacked %d, leading %d; want none stacked, 1 leading", w.stacked, g.leading())
+	}
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 || w.stacked != 0 {
+		t.Fatalf("the scan round: %v, leading %d, stacked %d", err, g.leading(), w.stacked)
 	}
 }

@@ -41,25 +41,38 @@ func (g *Group) session(ctx context.Context) (err error) {
 	return g.loop(ctx, w)
 }
 
-// loop runs the rounds. A full round proves every key and reads the
-// members; it is due RenewInterval after the last one began, however many
-// light rounds ran between (the trust window runs from the last full
-// round). A light round (a poke, a release heard) only releases what is
-// handed over and takes what is free and this member's, with the members
-// the last full round read: a hand-over then costs two round trips on each
-// side, not two scans of pg_locks.
+// loop runs the rounds. A full round proves the session; it is due
+// RenewInterval after the last one began, however many light rounds ran
+// between (the trust window runs from the last full round). A scan round
+// (a full round that also scans pg_locks, proving every key by its lock
+// and reading the members) runs first in each session, when the members
+// changed (a join, a leave, a member gone), and otherwise every
+// scanEvery. A light round (a
+// poke, a release heard) only releases what is handed over and takes what
+// is free and this member's, with the members the last scan read: a
+// hand-over then costs two round trips on each side, not two scans.
 func (g *Group) loop(ctx context.Context, w wire) error {
-	var began time.Time
-	wake := wakeFull
+	var began, scanned time.Time
+	wake := wakeScan
 	for {
 		g.mu.Lock()
-		full := wake == wakeFull || time.Since(began) >= g.cfg.RenewInterval || g.fullSoon
-		g.fullSoon = false
-		g.mu.Unlock()
-		if full {
-			began = time.Now()
+		now := time.Now()
+		kind := lightRound
+		if wake != wakeLight || now.Sub(began) >= g.cfg.RenewInterval || g.scanSoon {
+			kind = fullRound
 		}
-		if err := g.round(ctx, w, full); err != nil {
+		if wake == wakeScan || g.scanSoon || kind == fullRound && now.Sub(scanned) >= g.scanEvery() {
+			kind = scanRound
+		}
+		g.scanSoon = false
+		g.mu.Unlock()
+		if kind != lightRound {
+			began = now
+		}
+		if kind == scanRound {
+			scanned = now
+		}
+		if err := g.round(ctx, w, kind); err != nil {
 			return err
 		}
 		g.mu.Lock()
@@ -68,7 +81,7 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 		if g.soon {
 			// A member the crash watch reported gone was still listed:
 			// its backend was still releasing its locks.
-			next, g.soon = time.Now().Add(5*time.Millisecond), false
+			next, g.soon, g.scanSoon = time.Now().Add(5*time.Millisecond), false, true
 		}
 		g.mu.Unlock()
 		if done {
@@ -80,6 +93,19 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 			return err
 		}
 	}
+}
+
+// scanEvery is how often a scan round is due when nothing changed (g.mu
+// held). A scan reads pg_locks, which copies the server's whole lock table
+// (a large group's keys are most of it): its cost grows with the keys. It
+// runs every RenewInterval while it takes under 0.5% of that (5 ms at the
+// default 1s: a few thousand locks on the server), and otherwise as often
+// as spends 0.5% of this member's time on scans: every 200 times the last
+// scan's duration (at 100,000 keys, every 20 s or so). The session, proven
+// at every full round, proves the keys between (docs/groups.md, "What a
+// round proves"); the scan reads the members, and proves each key again.
+func (g *Group) scanEvery() time.Duration {
+	return max(g.cfg.RenewInterval, 200*g.scanCost)
 }
 
 // leave frees the member and roster locks, then tells the group (the

@@ -114,6 +114,24 @@ type state struct {
 	// the next full round.
 	pending  []lockconn.GroupMessage
 	trustEnd time.Time // IsLeader is false past it
+	// Between scans, what the session holds is known from its exchanges:
+	// extra are locks it holds without a tenure (won, but not begun: a
+	// term row was busy, or the key was no longer wanted), adopted or
+	// released by the next round; doubt are keys an exchange that failed
+	// may have won (a full lock table), never tried again before a scan
+	// says whether they are held (a try on a key held stacks the lock,
+	// and one unlock would no longer free it). A scan replaces both.
+	extra, doubt map[tag]bool
+}
+
+// leftover records locks the session holds without a tenure.
+func (st *state) leftover(ks ...tag) {
+	if st.extra == nil {
+		st.extra = map[tag]bool{}
+	}
+	for _, k := range ks {
+		st.extra[k] = true
+	}
 }
 
 // owns reports whether member owns k as this member sees it: the last

@@ -11,7 +11,7 @@ import (
 type Status struct {
 	// Group and Identity are the group's name and this member's.
 	Group, Identity string
-	// Members are the group's members as the last full round saw them.
+	// Members are the group's members as the last scan saw them.
 	Members []string
 	// Keys is the size of the key set; Owned how many of them this member
 	// leads now (0 once the trust window has passed).
@@ -22,20 +22,22 @@ type Status struct {
 	Tenures int
 	// Connected reports whether the member has a working session.
 	Connected bool
-	// LastRound is when the last full round (every key proven, the
-	// members read) was sent; LastStep when the loop last finished any
-	// step: a round, a light round, or a connection attempt. Liveness
-	// probes watch them.
-	LastRound, LastStep time.Time
+	// LastRound is when the last full round (the session proven, and with
+	// it every key this member leads) was sent; LastScan when the last
+	// scan round (every key proven by its lock in pg_locks, the members
+	// read) was; LastStep when the loop last finished any step: a round, a
+	// light round, or a connection attempt. Liveness probes watch
+	// LastRound and LastStep.
+	LastRound, LastScan, LastStep time.Time
 	// LastError is the last session error ("" when none since the last
 	// full round).
 	LastError string
-	// Rounds and LightRounds count the rounds of this process's life;
-	// WatchWaits the crash watch's lock waits (each one round trip that
+	// Rounds and LightRounds count the rounds of this process's life, and
+	// Scans the full rounds among them that scanned pg_locks; WatchWaits the crash watch's lock waits (each one round trip that
 	// sleeps on the server); Dropped the group notifications not believed
 	// (malformed, or from a session that is not a member: NOTIFY is not
 	// authenticated, so another role may send them).
-	Rounds, LightRounds, WatchWaits, Dropped int64
+	Rounds, LightRounds, Scans, WatchWaits, Dropped int64
 	// LockTableFull counts the exchanges that found the server's lock
 	// table full (SQLSTATE 53200: another session holds most of it): no key
 	// was taken then, and the member tried again at its next full round.
@@ -53,8 +55,10 @@ type Status struct {
 type stats struct {
 	connected           bool
 	lastRound, lastStep time.Time
+	lastScan            time.Time
 	lastErr             string
 	rounds, light       int64
+	scans               int64
 	watchWaits          int64
 	dropped             int64 // group messages not believed (see heard)
 	tableFull           int64 // exchanges that met a full lock table
@@ -69,8 +73,8 @@ func (g *Group) Status() Status {
 	defer g.mu.Unlock()
 	st := Status{Group: g.cfg.Group, Identity: g.cfg.Identity, Members: append([]string(nil), g.st.members...),
 		Keys: len(g.st.order), Owned: owned, Tenures: g.st.tenures(), Connected: g.stats.connected,
-		LastRound: g.stats.lastRound, LastStep: g.stats.lastStep, LastError: g.stats.lastErr,
-		Rounds: g.stats.rounds, LightRounds: g.stats.light, WatchWaits: g.stats.watchWaits, Dropped: g.stats.dropped,
+		LastRound: g.stats.lastRound, LastScan: g.stats.lastScan, LastStep: g.stats.lastStep, LastError: g.stats.lastErr,
+		Rounds: g.stats.rounds, LightRounds: g.stats.light, Scans: g.stats.scans, WatchWaits: g.stats.watchWaits, Dropped: g.stats.dropped,
 		LockTableFull: g.stats.tableFull, Elected: g.stats.elected, Demoted: map[string]int64{},
 		RenewInterval: g.cfg.RenewInterval, RenewDeadline: g.cfg.RenewDeadline, LeaseDuration: g.cfg.LeaseDuration,
 		ReleaseTimeout: g.cfg.ReleaseTimeout}

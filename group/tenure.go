@@ -98,6 +98,7 @@ func (g *Group) demoteAll(err error) {
 		g.end(k, ks, reason)
 	}
 	g.st.trustEnd = time.Time{}
+	g.st.extra, g.st.doubt = nil, nil // gone with the session
 }
 
 // sessionEnd names why a session's end ended its tenures.

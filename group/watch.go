@@ -69,7 +69,7 @@ func (g *Group) reportGone(member string) {
 	g.mu.Lock()
 	g.goneOut = append(g.goneOut, lockconn.GroupMessage{Kind: lockconn.GroupGone, Member: member})
 	g.gone[member] = time.Now()
-	g.fullSoon = true
+	g.scanSoon = true
 	g.mu.Unlock()
 	g.poke()
 }

@@ -18,8 +18,9 @@ type wire interface {
 	// exclusively; RosterHolder says who).
 	Join(ctx context.Context) (bool, error)
 	RosterHolder(ctx context.Context) (lockconn.SpaceHolder, error)
-	// Round is a full round: the check and the scan, in one round trip.
-	Round(ctx context.Context, gone []lockconn.GroupMessage, marker string) (lockconn.Scan, error)
+	// Round is a full round: the check and, when scan is set, the scan of
+	// pg_locks, in one round trip.
+	Round(ctx context.Context, gone []lockconn.GroupMessage, marker string, scan bool) (lockconn.Scan, error)
 	Exchange(ctx context.Context, x lockconn.Exchange) (won []tag, unlocked bool, err error)
 	Bump(ctx context.Context, won []tag, names []string) (map[tag]int64, error)
 	Broadcast(ctx context.Context, msgs []lockconn.GroupMessage, marker string) error

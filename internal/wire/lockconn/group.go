@@ -186,16 +186,20 @@ type Scan struct {
 	PIDs    map[uint32]string
 }
 
-// Round is a full round: the check and the scan, the group told of the
-// members gone (from this session, whose pid the others know), and the
-// marker, in one round trip.
-func (m *Member) Round(ctx context.Context, gone []GroupMessage, marker string) (Scan, error) {
+// Round is a full round: the check and, when scan is set, the scan, the
+// group told of the members gone (from this session, whose pid the others
+// know), and the marker, in one round trip. Without the scan, the Scan
+// returned is empty: the check alone proves the session (see
+// docs/groups.md, "What a round proves").
+func (m *Member) Round(ctx context.Context, gone []GroupMessage, marker string, scan bool) (Scan, error) {
 	if err := m.setMarker(ctx, marker); err != nil {
 		return Scan{}, err
 	}
 	b := &pgx.Batch{}
 	b.Queue(statement("group", "check"))
-	b.Queue(statement("group", "scan"), uint32(Space), uint32(m.roster))
+	if scan {
+		b.Queue(statement("group", "scan"), uint32(Space), uint32(m.roster))
+	}
 	if len(gone) > 0 {
 		b.Queue(statement("group", "sync_off"))
 		for _, g := range gone {
@@ -205,6 +209,12 @@ func (m *Member) Round(ctx context.Context, gone []GroupMessage, marker string) 
 	b.Queue(m.marker)
 	br := m.conn.SendBatch(ctx, b)
 	defer br.Close()
+	if !scan {
+		if err := m.readCheck(br); err != nil {
+			return Scan{}, err
+		}
+		return Scan{}, br.Close()
+	}
 	sc, err := m.readScan(br)
 	if err != nil {
 		return Scan{}, err
