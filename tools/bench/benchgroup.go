@@ -40,12 +40,12 @@ func (b *bencher) newGroupFleet(keys int, single bool) (*groupFleet, error) {
 		o: fleet.Options{DSN: b.dsn, Key: name, Keys: keys, SingleConnection: single}}
 	for range 3 {
 		if err := g.add(); err != nil {
-			g.f.StopAll()
+			g.stop()
 			return nil, err
 		}
 	}
 	if _, err := g.balanced(2 * time.Minute); err != nil {
-		g.f.StopAll()
+		g.stop()
 		return nil, err
 	}
 	return g, nil
@@ -103,6 +103,26 @@ func (g *groupFleet) until(timeout time.Duration, what string, cond func() bool)
 		}
 	}
 	return g.last.Mono, nil
+}
+
+// stop stops every member, applying their events meanwhile: a member that
+// stops sends an event per key, more than the event channel holds at
+// 100,000 keys, and one whose pipe is full never exits.
+func (g *groupFleet) stop() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.f.StopAll()
+	}()
+	for {
+		select {
+		case e := <-g.f.Events:
+			g.apply(e)
+		case <-done:
+			g.drain()
+			return
+		}
+	}
 }
 
 // drain applies the events already waiting.
@@ -176,7 +196,7 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 	if err != nil {
 		return err
 	}
-	defer g.f.StopAll()
+	defer g.stop()
 	kind := ""
 	if b.groupSingle {
 		kind = ", SingleConnection"
@@ -276,7 +296,7 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 		}
 		resigns = append(resigns, ms(at-r0))
 	}
-	g.f.StopAll()
+	g.stop()
 	g.drain()
 	n, checked := g.overlaps()
 	b.add("group-kill", fmt.Sprintf("SIGKILL to the last of its keys led again (%d keys, 3 members%s)", keys, kind), "ms", "p99 <= 1000", kills)
@@ -305,11 +325,17 @@ func (b *bencher) groupStanding(keys int, window time.Duration) error {
 		return median(cpus)
 	}
 	idle := slices3()
+	life0 := b.srv.LogLinesOf("group-")
 	g, err := b.newGroupFleet(keys, false)
 	if err != nil {
 		return err
 	}
-	defer g.f.StopAll()
+	stopped := false
+	defer func() {
+		if !stopped {
+			g.stop()
+		}
+	}()
 	time.Sleep(3 * time.Second) // the takes and first rounds done
 	logs0 := b.srv.LogLinesOf("group-")
 	s0, err := g.stats()
@@ -322,34 +348,39 @@ func (b *bencher) groupStanding(keys int, window time.Duration) error {
 		return err
 	}
 	// Round trips per member per second, from the members' own counts.
-	var full, light, watch []float64
+	var full, light, watch, scans []float64
 	for id, a := range s0 {
 		z := s1[id]
 		secs := float64(z.mono-a.mono) / 1e9
 		full = append(full, float64(z.rounds-a.rounds)/secs)
 		light = append(light, float64(z.light-a.light)/secs)
 		watch = append(watch, float64(z.watch-a.watch)/secs)
+		scans = append(scans, 60*float64(z.scans-a.scans)/secs)
 	}
 	logs := b.srv.LogLinesOf("group-") - logs0
 	var watching int
 	b.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_temp.pgleader_ring(%' AND state = 'active'`).Scan(&watching)
-	g.drain()
+	g.stop()
+	stopped = true
+	life := b.lifeLines(life0, "group-")
 	b.add("group-standing", "crash watches waiting at the end of the window", "sessions", "3", []float64{float64(watching)})
 	b.add("group-standing", fmt.Sprintf("server CPU, %d keys on 3 members (idle server subtracted)", keys), "% core", "<= 5", []float64{100 * (cpu - idle)})
 	b.add("group-standing", "server CPU of the idle server, same window", "% core", "", []float64{100 * idle})
 	b.add("group-standing", "full rounds per member per second (one round trip each)", "1/s", "1 (RenewInterval 1s)", full)
+	b.add("group-standing", "scans of pg_locks per member per minute", "1/min", "<= 60, 0.5 % of the member's time", scans)
 	b.add("group-standing", "light rounds per member per second", "1/s", "0 while nothing moves", light)
 	b.add("group-standing", "crash-watch waits per member per second (each sleeps on the server)", "1/s", "", watch)
 	b.add("group-standing", fmt.Sprintf("server log lines from the group in %s", window), "lines", "0", []float64{float64(logs)})
-	fmt.Fprintf(b.out, "bench: group standing, %d keys: server CPU %.2f%% of a core (idle %.2f%%), per member per second %.2f full rounds, %.2f light rounds, %.2f watch waits; %d log lines\n",
-		keys, 100*cpu, 100*idle, median(full), median(light), median(watch), logs)
+	b.add("group-standing", "server log lines from the group, from its start to its stop", "lines", "0", []float64{float64(life)})
+	fmt.Fprintf(b.out, "bench: group standing, %d keys: server CPU %.2f%% of a core (idle %.2f%%), per member per second %.2f full rounds, %.2f light rounds, %.2f watch waits, %.1f scans a minute; %d log lines standing, %d from start to stop\n",
+		keys, 100*cpu, 100*idle, median(full), median(light), median(watch), median(scans), logs, life)
 	return nil
 }
 
 // memberStats are a member's counts, as its "stats" event gives them.
 type memberStats struct {
-	mono                 int64
-	rounds, light, watch int64
+	mono                        int64
+	rounds, light, watch, scans int64
 }
 
 // stats asks every live member for its counts.
@@ -364,7 +395,7 @@ func (g *groupFleet) stats() (map[string]memberStats, error) {
 		if e := g.last; e.Ev == "stats" {
 			var heap, cpu int64
 			var s memberStats
-			fmt.Sscanf(e.Data, "%d %d %d %d %d", &heap, &cpu, &s.rounds, &s.light, &s.watch)
+			fmt.Sscanf(e.Data, "%d %d %d %d %d %d", &heap, &cpu, &s.rounds, &s.light, &s.watch, &s.scans)
 			s.mono = e.Mono
 			out[e.Identity] = s
 		}

@@ -25,6 +25,10 @@ import (
 // ratio as the noise reference.
 func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs int) error {
 	measure := func(scen, what string, n int, keys int) error {
+		// Log lines count over the fleet's whole life too: its start (the
+		// campaigns, the first election), its standing, and its stop (every
+		// leader resigns, its heirs take over, every session ends).
+		life0, _ := b.logLines()
 		stop, err := b.standingFleet(n, keys)
 		if err != nil {
 			return err
@@ -44,6 +48,7 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 		logs, all := b.logLines()
 		logs, all = logs-logs0, all-all0
 		stop()
+		life := b.lifeLines(life0, "dbload-")
 		if cpu >= 0 && b.srv != nil {
 			target := ""
 			if n == 200 && keys == 1 {
@@ -59,9 +64,10 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 		if b.srv != nil {
 			b.add(scen, fmt.Sprintf("server log lines from the fleet in %s", window), "lines", "0", []float64{float64(logs)})
 			b.add(scen, fmt.Sprintf("server log lines in all in %s (checkpoints too)", window), "lines", "", []float64{float64(all)})
+			b.add(scen, "server log lines from the fleet, from its start to its stop", "lines", "0", []float64{float64(life)})
 		}
-		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines from the fleet (%d in all) in %s\n",
-			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, all, window)
+		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines from the fleet (%d in all) in %s; %d from its start to its stop\n",
+			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, all, window, life)
 		return nil
 	}
 	for _, n := range sizes {
@@ -140,6 +146,17 @@ func (b *bencher) standingFleet(n, keys int) (func(), error) {
 		}
 	}
 	return stop, nil
+}
+
+// lifeLines is how many server log lines sessions named prefix… added
+// since from (a count LogLinesOf gave), once the server has had a moment
+// to write what a fleet's last sessions said as they ended.
+func (b *bencher) lifeLines(from int, prefix string) int {
+	if b.srv == nil {
+		return -1
+	}
+	time.Sleep(time.Second)
+	return b.srv.LogLinesOf(prefix) - from
 }
 
 func (b *bencher) logLines() (fleet, all int) {

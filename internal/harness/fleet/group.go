@@ -66,7 +66,7 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 	}
 	stats := func() string {
 		st := g.Status()
-		return fmt.Sprintf("%d %d %d", st.Rounds, st.LightRounds, st.WatchWaits)
+		return fmt.Sprintf("%d %d %d %d", st.Rounds, st.LightRounds, st.WatchWaits, st.Scans)
 	}
 	return serveCommands(ctx, o.ID, in, em, g.Run, resign, stats)
 }
