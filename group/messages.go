@@ -151,11 +151,12 @@ func (g *Group) isMine(n *pgconn.Notification) bool {
 
 // hintEvery is how often a message from a session that is not a known
 // member may trigger a scan round (g.mu held): four times per
-// RenewInterval, and no more than 0.5% of this member's time in scans
-// (see scanEvery), so that a flood of forged joins costs the server little
-// however many keys the group has. A genuine joiner is seen at once
-// unless a forged join just used the hint, and by every member's next
-// periodic scan at the latest.
+// RenewInterval while scans are cheap; when they are not, no more than
+// 0.5% of this member's time in scans (see scanEvery), but at least once
+// per 5 RenewIntervals, so that members joining one after another in a
+// rolling deploy are each seen within 5 s at the default timings however
+// many keys the group has. A flood of forged joins then costs each member
+// one scan per 5 RenewIntervals at most.
 func (g *Group) hintEvery() time.Duration {
-	return max(g.cfg.RenewInterval/4, 200*g.scanCost, time.Millisecond)
+	return max(g.cfg.RenewInterval/4, min(200*g.scanCost, 5*g.cfg.RenewInterval), time.Millisecond)
 }

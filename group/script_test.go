@@ -676,7 +676,7 @@ func TestScriptedScansPaced(t *testing.T) {
 
 // The pacing's arithmetic: scans and hints every RenewInterval (hints four
 // times as often) while a scan is cheap, and no more than 0.5% of the
-// time once it is not.
+// time once it is not (hints at least every 5 RenewIntervals).
 func TestScanPacing(t *testing.T) {
 	g, _ := scripted(t, 1, nil)
 	g.mu.Lock()
@@ -686,7 +686,8 @@ func TestScanPacing(t *testing.T) {
 	}{
 		{0, time.Second, 250 * time.Millisecond},
 		{4 * time.Millisecond, time.Second, 800 * time.Millisecond},
-		{130 * time.Millisecond, 26 * time.Second, 26 * time.Second},
+		{20 * time.Millisecond, 4 * time.Second, 4 * time.Second},
+		{130 * time.Millisecond, 26 * time.Second, 5 * time.Second},
 	} {
 		g.scanCost = tc.cost
 		if s, h := g.scanEvery(), g.hintEvery(); s != tc.scan || h != tc.hint {

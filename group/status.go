@@ -33,10 +33,11 @@ type Status struct {
 	// full round).
 	LastError string
 	// Rounds and LightRounds count the rounds of this process's life, and
-	// Scans the full rounds among them that scanned pg_locks; WatchWaits the crash watch's lock waits (each one round trip that
-	// sleeps on the server); Dropped the group notifications not believed
-	// (malformed, or from a session that is not a member: NOTIFY is not
-	// authenticated, so another role may send them).
+	// Scans the full rounds among them that scanned pg_locks; WatchWaits
+	// the crash watch's lock waits (each one round trip that sleeps on the
+	// server); Dropped the group notifications not believed (malformed, or
+	// from a session that is not a member: NOTIFY is not authenticated, so
+	// another role may send them).
 	Rounds, LightRounds, Scans, WatchWaits, Dropped int64
 	// LockTableFull counts the exchanges that found the server's lock
 	// table full (SQLSTATE 53200: another session holds most of it): no key

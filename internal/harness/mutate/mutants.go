@@ -394,7 +394,7 @@ var mutants = []mutant{
 		"\t\tfor k := range st.extra {\n\t\t\theld[k] = true\n\t\t}\n", "",
 		"keys won while a term row was busy stay held without a tenure until the next scan"},
 	{"group-hint-scan-unpaced", "group/messages.go",
-		"\treturn max(g.cfg.RenewInterval/4, 200*g.scanCost, time.Millisecond)\n", "\treturn max(g.cfg.RenewInterval/4, time.Millisecond)\n",
+		"\treturn max(g.cfg.RenewInterval/4, min(200*g.scanCost, 5*g.cfg.RenewInterval), time.Millisecond)\n", "\treturn max(g.cfg.RenewInterval/4, time.Millisecond)\n",
 		"forged joins trigger four scans of pg_locks per RenewInterval however large the lock table"},
 	{"group-lost-key-kept", "group/plan.go",
 		"\t\t\t\ta.lost = append(a.lost, k)\n", "",
