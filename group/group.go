@@ -41,6 +41,10 @@ type Group struct {
 	// hintAt: no message from an unknown session triggers a full round
 	// before it.
 	hintAt time.Time
+	// hintLater: a hint came before hintAt; a scan round runs at hintAt
+	// (one for all those that came), so that a genuine joiner is never
+	// left for the periodic scan.
+	hintLater bool
 	// table is the lock table's size as this session read it at its start;
 	// tableWarned when a full table was last logged.
 	table       lockconn.LockTable
@@ -56,7 +60,9 @@ type Group struct {
 	gone     map[string]time.Time
 	goneOut  []lockconn.GroupMessage
 	soon     bool // run the next round within a few milliseconds
-	// scanSoon: the next round is a scan round, whatever woke it;
+	// fullSoon: the next round is at least a full one, whatever woke it;
+	// scanSoon: a scan round;
+	fullSoon bool
 	// scanCost: how long the last scan round took (see scanEvery).
 	scanSoon bool
 	scanCost time.Duration

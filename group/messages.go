@@ -96,14 +96,16 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 		if now := time.Now(); m.Kind == lockconn.GroupJoined && !now.Before(g.hintAt) {
 			g.hintAt = now.Add(g.hintEvery())
 			return wakeScan, true
+		} else if m.Kind == lockconn.GroupJoined {
+			g.hintLater = true
 		}
 	case m.Kind == lockconn.GroupJoined:
 		return wakeScan, true
 	case m.Kind == lockconn.GroupReleased:
 		return wakeLight, true
 	case m.Kind == lockconn.GroupGone:
-		g.gone[m.Member] = time.Now()
-		return wakeScan, true
+		g.memberGone(m.Member)
+		return wakeFull, true
 	case m.Kind == lockconn.GroupResigned && m.Member == sender && g.st.owns(m.Key, sender):
 		return g.resignHeard(m, sender, n.Channel == g.myChannel)
 	}

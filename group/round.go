@@ -60,11 +60,12 @@ func (g *Group) round(ctx context.Context, w wire, kind roundKind) error {
 		took := time.Since(sent)
 		g.mu.Lock()
 		if in.scanned {
-			in.held, in.members = sc.Held, sc.Members
-			g.st.members, g.st.pids = sc.Members, sc.PIDs
+			members := g.withoutGone(sc.Members, sent)
+			in.held, in.members = sc.Held, members
+			g.st.members, g.st.pids = members, sc.PIDs
 			g.stats.scans++
 			g.stats.lastScan, g.scanCost = sent, took
-			g.watchNext(sent)
+			g.watchNext()
 		}
 		g.st.trustEnd = sent.Add(g.cfg.RenewDeadline)
 		g.stats.rounds++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +42,8 @@ type scriptWire struct {
 	scanDelay time.Duration
 	scans     []time.Time
 	stacked   int
+	// notes are the notifications the idle session reads (nil: none).
+	notes chan *pgconn.Notification
 }
 
 func newScriptWire(members ...string) *scriptWire {
@@ -132,8 +135,12 @@ func (w *scriptWire) Bump(ctx context.Context, won []tag, names []string) (map[t
 func (w *scriptWire) Broadcast(context.Context, []lockconn.GroupMessage, string) error { return nil }
 func (w *scriptWire) Leave(context.Context) error                                      { return nil }
 func (w *scriptWire) Wait(ctx context.Context) (*pgconn.Notification, error) {
-	<-ctx.Done()
-	return nil, ctx.Err()
+	select {
+	case n := <-w.notes:
+		return n, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 func (w *scriptWire) IsGroupChannel(string) bool { return false }
 
@@ -720,5 +727,139 @@ func TestScriptedAdoptMeetsFullTable(t *testing.T) {
 	}
 	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 || w.stacked != 0 {
 		t.Fatalf("the scan round: %v, leading %d, stacked %d", err, g.leading(), w.stacked)
+	}
+}
+
+// A member reported gone (here by its own leave, from its proven session)
+// is out of the members at once: the next round takes its keys without a
+// scan; a scan that still lists it (its backend still releasing its
+// locks) does not hand them back, and asks for another scan soon.
+func TestScriptedGoneTakesKeysBeforeScan(t *testing.T) {
+	g, _ := scripted(t, 8, nil)
+	w := newScriptWire("b", "me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	mine := g.leading()
+	if mine == 0 || mine == 8 {
+		t.Fatalf("leading %d of 8 with two members", mine)
+	}
+	g.mu.Lock()
+	g.st.pids[777] = "b"
+	g.mu.Unlock()
+	n := &pgconn.Notification{PID: 777, Channel: g.channel, Payload: lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupGone, Member: "b"})}
+	if wake, ok := g.heard(n, w.PID()); !ok || wake != wakeFull {
+		t.Fatalf("a member's gone: wake %d, %v; want a full round now", wake, ok)
+	}
+	// b's locks are free (the script does not hold them).
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 8 || w.count("scan") != 1 {
+		t.Fatalf("after the gone: leading %d, %d scans; want all 8 taken without a scan", g.leading(), w.count("scan"))
+	}
+	g.mu.Lock()
+	soon := g.soon
+	g.mu.Unlock()
+	if !soon {
+		t.Fatal("no scan asked for after taking a gone member's keys")
+	}
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	handing := 0
+	for _, ks := range g.st.keys {
+		if ks.phase == phaseHanding {
+			handing++
+		}
+	}
+	members := slices.Clone(g.st.members)
+	g.mu.Unlock()
+	if g.leading() != 8 || handing != 0 || slices.Contains(members, "b") {
+		t.Fatalf("a scan still listing the gone member: leading %d, handing %d, members %v", g.leading(), handing, members)
+	}
+}
+
+// A join from a session not yet known, held back by the hint's pacing, is
+// not dropped: a scan runs once the pacing allows (here within about
+// 0.5 s), long before the periodic scan (here 4 s), so that members
+// joining one after another are each seen.
+func TestScriptedHintHeldBack(t *testing.T) {
+	g, _ := scripted(t, 3, func(c *Config) {
+		c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 100*time.Millisecond, 2*time.Second, 3*time.Second
+	})
+	w := newScriptWire("me")
+	w.scanDelay = 20 * time.Millisecond // scans every 4 s, hints every 0.5 s
+	w.notes = make(chan *pgconn.Notification, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.loop(ctx, w) }()
+	scans := func() int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.scans)
+	}
+	waitScans := func(n int, within time.Duration) time.Time {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for scans() < n && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if len(w.scans) < n {
+			t.Fatalf("%d scans, want %d", len(w.scans), n)
+		}
+		return w.scans[n-1]
+	}
+	waitScans(1, 10*time.Second)
+	join := func(pid uint32) {
+		w.notes <- &pgconn.Notification{PID: pid, Channel: g.channel, Payload: lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupJoined})}
+	}
+	join(901)
+	waitScans(2, 10*time.Second)
+	join(902) // within the hint's pacing: held back
+	sent := time.Now()
+	at := waitScans(3, 10*time.Second)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d := at.Sub(sent); d > 3*time.Second {
+		t.Fatalf("the held-back join was scanned for %s later; the periodic scan, not the hint", d)
+	}
+}
+
+// A member reported gone stays out while scans still list it (a backend
+// releasing 33,000 locks takes more than a moment), and is listed again
+// once RenewDeadline has passed since the report.
+func TestScriptedGoneStaysOutWhileListed(t *testing.T) {
+	g, _ := scripted(t, 8, nil)
+	w := newScriptWire("b", "me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	g.memberGone("b")
+	g.gone["b"] = time.Now().Add(-time.Second) // reported a second ago
+	g.mu.Unlock()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 8 {
+		t.Fatalf("a scan listing b a second after its report: %v, leading %d; want b kept out, all 8 led", err, g.leading())
+	}
+	g.mu.Lock()
+	g.gone["b"] = time.Now().Add(-g.cfg.RenewDeadline - time.Second)
+	g.soon = false
+	g.mu.Unlock()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	members, soon := slices.Clone(g.st.members), g.soon
+	g.mu.Unlock()
+	if !slices.Contains(members, "b") || soon {
+		t.Fatalf("past RenewDeadline: members %v, scan soon %v; want b listed again", members, soon)
 	}
 }

@@ -58,13 +58,17 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 		g.mu.Lock()
 		now := time.Now()
 		kind := lightRound
-		if wake != wakeLight || now.Sub(began) >= g.cfg.RenewInterval || g.scanSoon {
+		hinted := g.hintLater && !now.Before(g.hintAt)
+		if hinted {
+			g.hintLater, g.hintAt = false, now.Add(g.hintEvery())
+		}
+		if wake != wakeLight || now.Sub(began) >= g.cfg.RenewInterval || g.scanSoon || g.fullSoon || hinted {
 			kind = fullRound
 		}
-		if wake == wakeScan || g.scanSoon || kind == fullRound && now.Sub(scanned) >= g.scanEvery() {
+		if wake == wakeScan || g.scanSoon || hinted || kind == fullRound && now.Sub(scanned) >= g.scanEvery() {
 			kind = scanRound
 		}
-		g.scanSoon = false
+		g.scanSoon, g.fullSoon = false, false
 		g.mu.Unlock()
 		if kind != lightRound {
 			began = now
@@ -82,6 +86,9 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 			// A member the crash watch reported gone was still listed:
 			// its backend was still releasing its locks.
 			next, g.soon, g.scanSoon = time.Now().Add(5*time.Millisecond), false, true
+		}
+		if g.hintLater && g.hintAt.Before(next) {
+			next = g.hintAt // the hints held back
 		}
 		g.mu.Unlock()
 		if done {
