@@ -107,10 +107,10 @@ throwaway server.
 	maxConns := max(*crowd, slices.Max(sizes), *loadLeaders) + 40
 	opts := pgtemp.Options{MaxConnections: maxConns}
 	if strings.Contains(*scen, "group") {
-		// The lock table must hold the standing group's keys twice over
+		// The lock table must hold the largest group's keys twice over
 		// (see group.LockTableError): max_locks_per_transaction ×
 		// max_connections.
-		perTx := max(64, (4**groupStanding+maxConns-1)/maxConns)
+		perTx := max(64, (4*max(*groupStanding, *groupKeys)+maxConns-1)/maxConns)
 		opts.Settings = append(opts.Settings, fmt.Sprintf("max_locks_per_transaction=%d", perTx))
 	}
 	return withDatabase(dsn.get(), progress, opts, func(dsn string, srv *pgtemp.Server) error {

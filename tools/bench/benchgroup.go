@@ -21,6 +21,7 @@ type groupFleet struct {
 	next  int
 	live  []string
 	owner map[string]string // key -> member, by the events' stamps
+	count map[string]int    // member -> keys it owns
 	since map[string]int64  // key -> the stamp of its owner's election
 	// Every tenure, by key: elected and returned (or killed) stamps.
 	tenures map[string][]tenure
@@ -36,7 +37,7 @@ type tenure struct {
 
 func (b *bencher) newGroupFleet(keys int, single bool) (*groupFleet, error) {
 	name := b.name("group")
-	g := &groupFleet{b: b, f: fleet.New(b.exe), owner: map[string]string{}, since: map[string]int64{}, tenures: map[string][]tenure{}, killed: map[string]int64{},
+	g := &groupFleet{b: b, f: fleet.New(b.exe), owner: map[string]string{}, count: map[string]int{}, since: map[string]int64{}, tenures: map[string][]tenure{}, killed: map[string]int64{},
 		o: fleet.Options{DSN: b.dsn, Key: name, Keys: keys, SingleConnection: single}}
 	for range 3 {
 		if err := g.add(); err != nil {
@@ -71,7 +72,8 @@ func (g *groupFleet) apply(e fleet.Event) {
 		// Each process's events come through a pipe of its own, so an
 		// older election may arrive after a newer one: the stamp decides.
 		if e.Mono >= g.since[e.Data] {
-			g.owner[e.Data], g.since[e.Data] = e.Identity, e.Mono
+			g.setOwner(e.Data, e.Identity)
+			g.since[e.Data] = e.Mono
 		}
 		g.tenures[e.Data] = append(g.tenures[e.Data], tenure{member: e.Identity, from: e.Mono})
 	case "returned":
@@ -84,9 +86,27 @@ func (g *groupFleet) apply(e fleet.Event) {
 		}
 	case "demoted":
 		if g.owner[e.Data] == e.Identity && e.Mono >= g.since[e.Data] {
-			delete(g.owner, e.Data)
+			g.setOwner(e.Data, "")
 		}
 	}
+}
+
+// setOwner records key's owner ("": none), and keeps the count of keys
+// per member that isBalanced reads: at 100,000 keys, counting them again
+// after every event made the bench itself the bottleneck.
+func (g *groupFleet) setOwner(key, member string) {
+	if old, ok := g.owner[key]; ok {
+		g.count[old]--
+		if g.count[old] == 0 {
+			delete(g.count, old)
+		}
+	}
+	if member == "" {
+		delete(g.owner, key)
+		return
+	}
+	g.owner[key] = member
+	g.count[member]++
 }
 
 // until applies events until cond holds, and returns the stamp of the
@@ -142,10 +162,7 @@ func (g *groupFleet) isBalanced() bool {
 	if len(g.owner) != g.o.Keys {
 		return false
 	}
-	count := map[string]int{}
-	for _, m := range g.owner {
-		count[m]++
-	}
+	count := g.count
 	lo := g.o.Keys / len(g.live)
 	hi := lo
 	if g.o.Keys%len(g.live) != 0 {
@@ -227,9 +244,12 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 		}
 		g.killed[victim] = k0
 		for _, k := range theirs {
-			delete(g.owner, k)
+			g.setOwner(k, "")
 		}
 		last, err := g.until(time.Minute, "takeover of the killed member's keys", func() bool {
+			if len(g.owner) != g.o.Keys {
+				return false // cheap: only its keys are unowned
+			}
 			for _, k := range theirs {
 				if _, ok := g.owner[k]; !ok {
 					return false
