@@ -164,15 +164,7 @@ func TestSessionResets(t *testing.T) {
 // held by another session.
 func TestRenewMatchesWholeTagAndOwnBackend(t *testing.T) {
 	ctx := context.Background()
-	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "tag-test", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
+	ls := openLease(t, "tag-test", time.Second)
 	key := leader.Int64Key(7<<32 | 12345) // classid 7, objid 12345, objsubid 1
 	target := lockconn.NewTarget(key, "", "", "")
 	r, err := ls.Campaign(ctx, target, true)
@@ -254,15 +246,7 @@ func TestEveryLayerRefusesAStandby(t *testing.T) {
 // it.
 func TestQuietRoundNeverStacks(t *testing.T) {
 	ctx := context.Background()
-	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "quiet-stack", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
+	ls := openLease(t, "quiet-stack", time.Second)
 	for _, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(3, 4)} {
 		target := lockconn.NewTarget(key, "", "", "")
 		quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 200 * time.Millisecond, Poll: 50 * time.Millisecond, Heirs: 2})
@@ -342,15 +326,7 @@ func TestHolderLookupIgnoresWaiters(t *testing.T) {
 func TestSharedHoldIsNoLeadership(t *testing.T) {
 	ctx := context.Background()
 	key := leader.KeyFromName(t.Name())
-	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "shared-test", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
+	ls := openLease(t, "shared-test", time.Second)
 	target := lockconn.NewTarget(key, "", "", "")
 	if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
 		t.Fatalf("take the key: %+v %v", r, err)
@@ -557,15 +533,7 @@ func TestQuietHeirsAndWatchers(t *testing.T) {
 // report skip the confirm round trip.
 func TestQuietRoundRefusesAForeignBackend(t *testing.T) {
 	ctx := context.Background()
-	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "foreign", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
+	ls := openLease(t, "foreign", time.Second)
 	key := leader.KeyFromName(t.Name())
 	target := lockconn.NewTarget(key, "", "", "")
 	if quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 100 * time.Millisecond, Poll: time.Millisecond, Heirs: 2}); err != nil || !quiet {
@@ -651,6 +619,23 @@ func TestReservationIsBounded(t *testing.T) {
 		t.Fatal("the heir kept the lock at once: the gate did not bind at all")
 	}
 	t.Logf("kept the lock after %s and %d rounds", time.Since(began).Round(time.Millisecond), gaveBack)
+}
+
+// openLease opens a lease on the shared server (a 10 s lease), closed when
+// the test ends.
+func openLease(t *testing.T, id string, lockTimeout time.Duration) *lockconn.Lease {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: id, LockTimeout: lockTimeout, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ls.Close)
+	return ls
 }
 
 // quietSession opens a quiet session for key.
@@ -780,15 +765,7 @@ func TestQuietLookupsBackOffUnderAFlood(t *testing.T) {
 func TestStaleRequestsDoNotReachTheNextTenure(t *testing.T) {
 	ctx := context.Background()
 	key := leader.KeyFromName(t.Name())
-	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "twice", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
+	ls := openLease(t, "twice", time.Second)
 	target := lockconn.NewTarget(key, "", "", "")
 	lead := func() {
 		t.Helper()
@@ -867,15 +844,7 @@ func TestNotifyStormFailsNoCommit(t *testing.T) {
 			}
 		})
 	}
-	conn, err := leader.DSN(srv.DSN()).Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "storm-leader", LockTimeout: time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ls.Close()
+	ls := openLease(t, "storm-leader", time.Millisecond)
 	values := "public.storm_values"
 	if _, err := ls.Conn().Exec(ctx, leader.ValuesTableSQL(values)); err != nil {
 		t.Fatal(err)
