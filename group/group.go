@@ -59,13 +59,13 @@ type Group struct {
 	ringLast string
 	gone     map[string]time.Time
 	goneOut  []lockconn.GroupMessage
-	soon     bool // run the next round within a few milliseconds
+	soon     bool // run a scan round soon: soonWait after the round, 5 ms at least
+	soonWait time.Duration
 	// fullSoon: the next round is at least a full one, whatever woke it;
-	// scanSoon: a scan round;
-	fullSoon bool
-	// scanCost: how long the last scan round took (see scanEvery).
-	scanSoon bool
-	scanCost time.Duration
+	// scanSoon: a scan round; scanCost: how long the last scan round took
+	// (see scanEvery).
+	fullSoon, scanSoon bool
+	scanCost           time.Duration
 
 	stats stats
 	// open opens the main session (a scripted one in tests); testRound

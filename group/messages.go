@@ -160,5 +160,5 @@ func (g *Group) isMine(n *pgconn.Notification) bool {
 // many keys the group has. A flood of forged joins then costs each member
 // one scan per 5 RenewIntervals at most.
 func (g *Group) hintEvery() time.Duration {
-	return max(g.cfg.RenewInterval/4, min(200*g.scanCost, 5*g.cfg.RenewInterval), time.Millisecond)
+	return max(g.cfg.RenewInterval/4, min(scanShare*g.scanCost, 5*g.cfg.RenewInterval), time.Millisecond)
 }

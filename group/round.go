@@ -106,9 +106,8 @@ func (g *Group) read(ctx context.Context, w wire, scan bool) (lockconn.Scan, err
 		if err := w.Broadcast(ctx, gone, g.marker()); err != nil {
 			return lockconn.Scan{}, err
 		}
-		gone = nil
 	}
-	return w.Round(ctx, gone, g.marker(), scan)
+	return w.Round(ctx, g.marker(), scan)
 }
 
 // apply makes plan's state changes (g.mu held): ends the lost tenures,
@@ -174,14 +173,7 @@ func (g *Group) exchange(ctx context.Context, w wire, full bool, a actions) erro
 	won, unlocked, err := w.Exchange(ctx, x)
 	if errors.Is(err, lockconn.ErrLockTableFull) {
 		err = g.tableFull(err)
-		g.inDoubt(a, unlocked)
-	}
-	if unlocked {
-		g.mu.Lock()
-		for _, k := range a.unlock {
-			delete(g.st.extra, k)
-		}
-		g.mu.Unlock()
+		g.inDoubt(a)
 	}
 	if err == nil || unlocked {
 		g.released(a)
@@ -194,9 +186,9 @@ func (g *Group) exchange(ctx context.Context, w wire, full bool, a actions) erro
 
 // inDoubt records what an exchange that met a full lock table left: keys
 // won before the error are held without a tenure, found by the next scan
-// and adopted then (the adoptions go on); locks it was to release and did
-// not are still held without a tenure.
-func (g *Group) inDoubt(a actions, unlocked bool) {
+// and adopted then (the adoptions go on). Its unlocks ran: the error
+// comes from the try-locks, which follow them in the batch.
+func (g *Group) inDoubt(a actions) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.st.doubt == nil {
@@ -204,14 +196,6 @@ func (g *Group) inDoubt(a actions, unlocked bool) {
 	}
 	for _, k := range a.want {
 		g.st.doubt[k] = true
-	}
-	if unlocked {
-		return
-	}
-	for _, k := range a.unlock {
-		if ks := g.st.keys[k]; ks == nil || ks.phase != phaseLeading && ks.phase != phaseHanding {
-			g.st.leftover(k)
-		}
 	}
 }
 
@@ -222,6 +206,9 @@ func (g *Group) released(a actions) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.st.pending = append(g.st.pending, a.toSuccessors...)
+	for _, k := range a.unlock {
+		delete(g.st.extra, k)
+	}
 	for _, k := range a.released {
 		if ks := g.st.keys[k]; ks != nil && ks.phase == phaseHanding {
 			g.end(k, ks, ks.tenure.reason)

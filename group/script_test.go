@@ -64,7 +64,7 @@ func (w *scriptWire) Join(context.Context) (bool, error) {
 func (w *scriptWire) RosterHolder(context.Context) (lockconn.SpaceHolder, error) {
 	return lockconn.SpaceHolder{}, nil
 }
-func (w *scriptWire) Round(ctx context.Context, _ []lockconn.GroupMessage, _ string, scan bool) (lockconn.Scan, error) {
+func (w *scriptWire) Round(ctx context.Context, _ string, scan bool) (lockconn.Scan, error) {
 	if w.roundDelay > 0 {
 		time.Sleep(w.roundDelay)
 	}
@@ -169,6 +169,35 @@ func scripted(t *testing.T, n int, edit func(*Config)) (*Group, []leader.Key) {
 	return g, keys
 }
 
+// afterFullTables is a scripted group of n keys after `fulls` scan rounds
+// whose exchanges each met a full lock table (each took one key first).
+func afterFullTables(t *testing.T, n, fulls int) (*Group, *scriptWire) {
+	t.Helper()
+	g, _ := scripted(t, n, nil)
+	w := newScriptWire("me")
+	w.tableFull = fulls
+	for range fulls {
+		if err := g.round(context.Background(), w, scanRound); err != nil {
+			t.Fatalf("a full lock table ended the round: %v", err)
+		}
+	}
+	return g, w
+}
+
+// demotedWith waits for the next OnDemoted reason on demoted, which must
+// match want.
+func demotedWith(t *testing.T, demoted <-chan error, want error, none string) {
+	t.Helper()
+	select {
+	case reason := <-demoted:
+		if !errors.Is(reason, want) {
+			t.Fatalf("demoted with %v, want %v", reason, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal(none)
+	}
+}
+
 func (g *Group) leading() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -212,13 +241,8 @@ func TestScriptedLightRoundAfterTrustWindowIsFull(t *testing.T) {
 // next full round adopts the key the failed exchange did take and takes
 // the rest.
 func TestScriptedLockTableFullThenAdopted(t *testing.T) {
-	g, _ := scripted(t, 4, nil)
-	w := newScriptWire("me")
-	w.tableFull = 1
+	g, w := afterFullTables(t, 4, 1)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatalf("a full lock table ended the round: %v", err)
-	}
 	st := g.Status()
 	if g.leading() != 0 || st.LockTableFull != 1 || !strings.Contains(st.LastError, "lock table") {
 		t.Fatalf("after a full table: leading %d, %+v", g.leading(), st)
@@ -290,14 +314,7 @@ func TestScriptedLostKeyEndsAlone(t *testing.T) {
 	if err := g.round(ctx, w, scanRound); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case reason := <-demoted:
-		if !errors.Is(reason, leader.ErrLockLost) {
-			t.Fatalf("demoted with %v, want ErrLockLost", reason)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no OnDemoted for the lost key")
-	}
+	demotedWith(t, demoted, leader.ErrLockLost, "no OnDemoted for the lost key")
 	if g.leading() != 2 {
 		t.Fatalf("leading %d after one key was lost, want 2", g.leading())
 	}
@@ -584,14 +601,7 @@ func TestScriptedFullRoundProvesTheSession(t *testing.T) {
 	if err := g.round(ctx, w, scanRound); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case reason := <-demoted:
-		if !errors.Is(reason, leader.ErrLockLost) {
-			t.Fatalf("demoted with %v, want ErrLockLost", reason)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the scan did not find the key's lock gone")
-	}
+	demotedWith(t, demoted, leader.ErrLockLost, "the scan did not find the key's lock gone")
 }
 
 // Keys an exchange may have won before the lock table filled are never
@@ -599,13 +609,8 @@ func TestScriptedFullRoundProvesTheSession(t *testing.T) {
 // held stacks the lock: one unlock would no longer free it); the scan
 // adopts the one that was.
 func TestScriptedLockTableFullNoStackBeforeScan(t *testing.T) {
-	g, _ := scripted(t, 4, nil)
-	w := newScriptWire("me")
-	w.tableFull = 1
+	g, w := afterFullTables(t, 4, 1)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatalf("a full lock table ended the round: %v", err)
-	}
 	for _, kind := range []roundKind{fullRound, lightRound, fullRound} {
 		if err := g.round(ctx, w, kind); err != nil {
 			t.Fatal(err)
@@ -707,15 +712,8 @@ func TestScanPacing(t *testing.T) {
 // adoption goes on, the key the second exchange won before the error is in
 // doubt (never tried: that would stack it) until the next scan adopts it.
 func TestScriptedAdoptMeetsFullTable(t *testing.T) {
-	g, _ := scripted(t, 4, nil)
-	w := newScriptWire("me")
-	w.tableFull = 2
+	g, w := afterFullTables(t, 4, 2)
 	ctx := context.Background()
-	for range 2 {
-		if err := g.round(ctx, w, scanRound); err != nil {
-			t.Fatalf("a full lock table ended the round: %v", err)
-		}
-	}
 	if g.leading() != 1 || len(w.held) != 2 {
 		t.Fatalf("after two full tables: leading %d, the script holds %d; want 1 (adopted) and 2", g.leading(), len(w.held))
 	}
@@ -850,6 +848,12 @@ func TestScriptedGoneStaysOutWhileListed(t *testing.T) {
 		t.Fatalf("a scan listing b a second after its report: %v, leading %d; want b kept out, all 8 led", err, g.leading())
 	}
 	g.mu.Lock()
+	wait := g.soonWait
+	g.mu.Unlock()
+	if wait < time.Second {
+		t.Fatalf("the next scan after %s; a report a second old waits about a second more, not 5 ms (hundreds of scans)", wait)
+	}
+	g.mu.Lock()
 	g.gone["b"] = time.Now().Add(-g.cfg.RenewDeadline - time.Second)
 	g.soon = false
 	g.mu.Unlock()
@@ -861,5 +865,34 @@ func TestScriptedGoneStaysOutWhileListed(t *testing.T) {
 	g.mu.Unlock()
 	if !slices.Contains(members, "b") || soon {
 		t.Fatalf("past RenewDeadline: members %v, scan soon %v; want b listed again", members, soon)
+	}
+}
+
+// A member told that it is gone itself (its previous session's end, seen
+// by its watcher after this session began) stays in its own members, at
+// once and at the next scan: it must not hand its keys over.
+func TestScriptedGoneNamingSelf(t *testing.T) {
+	g, _ := scripted(t, 8, nil)
+	w := newScriptWire("b", "me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	mine := g.leading()
+	g.mu.Lock()
+	g.st.pids[777] = "b"
+	g.mu.Unlock()
+	n := &pgconn.Notification{PID: 777, Channel: g.channel, Payload: lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupGone, Member: "me"})}
+	g.heard(n, w.PID())
+	for _, kind := range []roundKind{fullRound, scanRound} {
+		if err := g.round(ctx, w, kind); err != nil {
+			t.Fatal(err)
+		}
+		g.mu.Lock()
+		members := slices.Clone(g.st.members)
+		g.mu.Unlock()
+		if !slices.Contains(members, "me") || g.leading() != mine {
+			t.Fatalf("told it is gone itself: members %v, leading %d (was %d)", members, g.leading(), mine)
+		}
 	}
 }

@@ -47,10 +47,10 @@ func (g *Group) session(ctx context.Context) (err error) {
 // (a full round that also scans pg_locks, proving every key by its lock
 // and reading the members) runs first in each session, when the members
 // changed (a join, a leave, a member gone), and otherwise every
-// scanEvery. A light round (a
-// poke, a release heard) only releases what is handed over and takes what
-// is free and this member's, with the members the last scan read: a
-// hand-over then costs two round trips on each side, not two scans.
+// scanEvery. A light round (a poke, a release heard) only releases what is
+// handed over and takes what is free and this member's, with the members
+// the last scan read: a hand-over then costs two round trips on each side,
+// not two scans.
 func (g *Group) loop(ctx context.Context, w wire) error {
 	var began, scanned time.Time
 	wake := wakeScan
@@ -85,7 +85,8 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 		if g.soon {
 			// A member the crash watch reported gone was still listed:
 			// its backend was still releasing its locks.
-			next, g.soon, g.scanSoon = time.Now().Add(5*time.Millisecond), false, true
+			next, g.soon, g.scanSoon = time.Now().Add(max(5*time.Millisecond, g.soonWait)), false, true
+			g.soonWait = 0
 		}
 		if g.hintLater && g.hintAt.Before(next) {
 			next = g.hintAt // the hints held back
@@ -112,8 +113,12 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 // at every full round, proves the keys between (docs/groups.md, "What a
 // round proves"); the scan reads the members, and proves each key again.
 func (g *Group) scanEvery() time.Duration {
-	return max(g.cfg.RenewInterval, 200*g.scanCost)
+	return max(g.cfg.RenewInterval, scanShare*g.scanCost)
 }
+
+// scanShare paces the scans: a member spends at most 1/scanShare of its
+// time (0.5%) on them, periodic or hinted.
+const scanShare = 200
 
 // leave frees the member and roster locks, then tells the group (the
 // NOTIFY goes out at commit, after the unlocks), so that the others take

@@ -44,9 +44,11 @@ func (g *Group) startWatch(ctx context.Context) (stop func()) {
 // locks, its roster lock among them, while the others already took its
 // keys (see memberGone); listing it again would hand them back, and the
 // keys its backend had not released yet would wait for the next periodic
-// scan. While one is still listed, another scan runs soon; a member still
-// listed RenewDeadline after it was reported gone is listed again (the
-// report was wrong, or its session came back).
+// scan. While one is still listed, another scan runs soon, after as long
+// again as the report's age (5 ms at least): a member that takes long to
+// go costs a few scans, not hundreds. A member still listed RenewDeadline
+// after it was reported gone is listed again (the report was wrong, or its
+// session came back with the same identity).
 func (g *Group) withoutGone(members []string, sent time.Time) []string {
 	out := members
 	for m, at := range g.gone {
@@ -54,7 +56,7 @@ func (g *Group) withoutGone(members []string, sent time.Time) []string {
 		case !slices.Contains(out, m) || sent.Sub(at) > g.cfg.RenewDeadline:
 			delete(g.gone, m)
 		default:
-			g.soon = true
+			g.soon, g.soonWait = true, max(g.soonWait, sent.Sub(at))
 			out = slices.DeleteFunc(slices.Clone(out), func(s string) bool { return s == m })
 		}
 	}
@@ -95,12 +97,16 @@ func (g *Group) reportGone(member string) {
 // a few milliseconds later to read the members as pg_locks has them: a
 // key the dying backend had not released yet is taken then. Safety does
 // not depend on the members (keys are taken by try-locks); a member
-// taken out wrongly is back at that scan.
+// taken out wrongly is listed again RenewDeadline after the report (see
+// withoutGone).
 func (g *Group) memberGone(member string) {
-	g.gone[member] = time.Now()
 	if member == g.cfg.Identity {
+		// This member's previous session, seen gone by its watcher after
+		// this one began: this member is not gone, and must never keep
+		// itself out of its own members.
 		return
 	}
+	g.gone[member] = time.Now()
 	if i := slices.Index(g.st.members, member); i >= 0 {
 		g.st.members = slices.Delete(slices.Clone(g.st.members), i, i+1)
 	}

@@ -20,7 +20,7 @@ type wire interface {
 	RosterHolder(ctx context.Context) (lockconn.SpaceHolder, error)
 	// Round is a full round: the check and, when scan is set, the scan of
 	// pg_locks, in one round trip.
-	Round(ctx context.Context, gone []lockconn.GroupMessage, marker string, scan bool) (lockconn.Scan, error)
+	Round(ctx context.Context, marker string, scan bool) (lockconn.Scan, error)
 	Exchange(ctx context.Context, x lockconn.Exchange) (won []tag, unlocked bool, err error)
 	Bump(ctx context.Context, won []tag, names []string) (map[tag]int64, error)
 	Broadcast(ctx context.Context, msgs []lockconn.GroupMessage, marker string) error

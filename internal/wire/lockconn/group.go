@@ -186,12 +186,11 @@ type Scan struct {
 	PIDs    map[uint32]string
 }
 
-// Round is a full round: the check and, when scan is set, the scan, the
-// group told of the members gone (from this session, whose pid the others
-// know), and the marker, in one round trip. Without the scan, the Scan
-// returned is empty: the check alone proves the session (see
-// docs/groups.md, "What a round proves").
-func (m *Member) Round(ctx context.Context, gone []GroupMessage, marker string, scan bool) (Scan, error) {
+// Round is a full round: the check and, when scan is set, the scan, and
+// the marker, in one round trip. Without the scan, the Scan returned is
+// empty: the check alone proves the session (see docs/groups.md, "What a
+// round proves").
+func (m *Member) Round(ctx context.Context, marker string, scan bool) (Scan, error) {
 	if err := m.setMarker(ctx, marker); err != nil {
 		return Scan{}, err
 	}
@@ -199,12 +198,6 @@ func (m *Member) Round(ctx context.Context, gone []GroupMessage, marker string, 
 	b.Queue(statement("group", "check"))
 	if scan {
 		b.Queue(statement("group", "scan"), uint32(Space), uint32(m.roster))
-	}
-	if len(gone) > 0 {
-		b.Queue(statement("group", "sync_off"))
-		for _, g := range gone {
-			b.Queue(statement("group", "notify"), m.channel, EncodeGroup(g))
-		}
 	}
 	b.Queue(m.marker)
 	br := m.conn.SendBatch(ctx, b)
@@ -434,12 +427,15 @@ func (m *Member) Bump(ctx context.Context, won []Tag3, names []string) (map[Tag3
 }
 
 // Broadcast tells the whole group msgs (resigns whose successors were told
-// alone, off the hand-over's path).
+// alone, off the hand-over's path; members the crash watch saw go).
 func (m *Member) Broadcast(ctx context.Context, msgs []GroupMessage, marker string) error {
 	if err := m.setMarker(ctx, marker); err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
+	// A NOTIFY's transaction commits a record: no WAL flush to wait for
+	// (see sync_off).
+	b.Queue(statement("group", "sync_off"))
 	for _, r := range msgs {
 		b.Queue(statement("group", "notify"), m.channel, EncodeGroup(r))
 	}
