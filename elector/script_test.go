@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -377,4 +378,45 @@ func TestScriptedNamelessHolder(t *testing.T) {
 	ls.idle = &lockconn.Round{Busy: true, HolderPID: 8}
 	ls.mu.Unlock()
 	waitFor("a nameless backend holds the lock: no leader", func() bool { return sc.e.Leader() == "" })
+}
+
+// A lock table another role filled refuses the new leader's announcement
+// (its NOTIFY's commit needs a slot there), after the check in front of it
+// proved the lock: the leader leads on, and announces itself again later,
+// paced (each refusal is an ERROR in the server's log), until it goes out.
+func TestScriptedAnnouncementRefusedByAFullTable(t *testing.T) {
+	full := fmt.Errorf("%w: the leader was not announced: %w", lockconn.ErrLockTableFull, &pgconn.PgError{Severity: "ERROR", Code: "53200", Message: "out of shared memory"})
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, renews: []error{full}}
+	sc := runScripted(t, ls, nil)
+	sc.waitElected(t)
+	eventually(t, "the announcement sent again", func() (bool, string) {
+		return ls.count("announce") >= 2, fmt.Sprintf("%d announcements, %d renews", ls.count("announce"), ls.count("renew"))
+	})
+	if n := sc.logs.FilterMessage("demoted").Len(); n != 0 || !sc.e.IsLeader() {
+		t.Fatalf("%d demotions, IsLeader %v after a refused announcement", n, sc.e.IsLeader())
+	}
+	ls.mu.Lock()
+	var between, announces int
+	for _, c := range ls.calls {
+		switch {
+		case c == "announce":
+			announces++
+		case c == "renew" && announces == 1:
+			between++
+		}
+	}
+	ls.mu.Unlock()
+	if between < 3 {
+		t.Fatalf("%d renews between the refused announcement and the next try: it is not paced", between)
+	}
+	if n := sc.logs.FilterMessageSnippet("announcement was not sent").Len(); n != 1 {
+		t.Fatalf("the refusal logged %d times, want 1", n)
+	}
+	waitRenews := ls.count("renew") + 3
+	eventually(t, "renews without announcements once one went out", func() (bool, string) {
+		return ls.count("renew") >= waitRenews, ""
+	})
+	if n := ls.count("announce"); n != 2 {
+		t.Fatalf("%d announcements, want 2 (once one went out, no more)", n)
+	}
 }

@@ -39,7 +39,17 @@ type tenure struct {
 	wakeUp      context.CancelFunc
 	ended       bool
 	unpublished bool
+	// unannounced while the leader's announcement has not been sent (a
+	// lock table another role filled refused its NOTIFY's commit); it is
+	// sent again with a renew at most every announceRetry (announced:
+	// the last try).
+	unannounced bool
+	announced   time.Time
 }
+
+// announceRetry paces the announcements a full lock table refused: each
+// failed one is an ERROR in the server's log.
+const announceRetry = time.Second
 
 // window is a tenure's trust window. The leader trusts its leadership until
 // RenewDeadline after its last successful check was *sent* (not answered:
@@ -178,7 +188,8 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 				continue
 			}
 		}
-		if err := e.renew(t, ls, true, false); err != nil {
+		again := t.unannounced && time.Since(t.announced) >= announceRetry
+		if err := e.renew(t, ls, true, again); err != nil {
 			return err
 		}
 		if t.unpublished {
@@ -286,7 +297,7 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 	rctx, cancel := context.WithDeadline(context.Background(), t.trust.closes())
 	var err error
 	if announce {
-		err = ls.Announce(rctx, e.target)
+		err = e.announce(t, ls, rctx)
 	} else {
 		err = ls.Renew(rctx, e.target)
 	}
@@ -303,6 +314,27 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 	e.obs.Renewed(t.l, latency)
 	t.log.Debug("renewed", zap.Duration("latency", latency), zap.Bool("draining", !leading))
 	return nil
+}
+
+// announce is a renew that also announces the leader (see
+// lockconn.Lease.Announce). When a lock table another role filled refused
+// the announcement, the check in front of it still proved the lock: the
+// renew succeeds and the announcement is sent again later (followers
+// still find the leader by their own lookups).
+func (e *Elector) announce(t *tenure, ls lease, ctx context.Context) error {
+	t.announced = time.Now()
+	err := ls.Announce(ctx, e.target)
+	switch {
+	case err == nil:
+		t.unannounced = false
+	case errors.Is(err, lockconn.ErrLockTableFull):
+		if !t.unannounced {
+			t.log.Warn("the server's lock table is full: this leader's announcement was not sent; trying again every second", zap.Error(err))
+		}
+		t.unannounced = true
+		return nil
+	}
+	return err
 }
 
 // errReleaseTimeout: OnElected did not return within ReleaseTimeout.

@@ -307,7 +307,17 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	b.Queue(notifySQL, t.Channel())
 	// A leader listens for resign requests while it leads (see Unlock).
 	b.Queue("LISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize())
-	if err := l.checked(ctx, t, b, nil); err != nil {
+	if err := l.checked(ctx, t, b, func(err error) error {
+		if IsLockTableFull(err) && !l.conn.IsClosed() {
+			// A NOTIFY's commit takes a lock in the server's shared
+			// lock table (the notify queue's), which another role may
+			// have filled: the check proved the lock, the transaction
+			// (the NOTIFY, the LISTEN) was rolled back, the session is
+			// fine.
+			return fmt.Errorf("%w: the leader was not announced: %w", ErrLockTableFull, err)
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	l.listening = true
@@ -316,10 +326,12 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 
 // checked sends t's check and then rest's statements in one round trip
 // (one transaction), and reads them in order: the check's answer first
-// (CheckResult), then each statement's. A statement's error goes to soft,
-// when given, which may return the error to report with the session still
-// fit (the rest of the batch is then drained); otherwise, and for a nil
-// answer, it is a fault (lostAfterCheck).
+// (CheckResult), then each statement's. A statement's error, or the
+// commit's (which the batch's end reports), goes to soft, when given,
+// which may return the error to report with the session still fit (the
+// rest of the batch is then drained); otherwise, and for a nil answer, it
+// is a fault (lostAfterCheck). soft is called only once the check proved
+// the lock.
 func (l *Lease) checked(ctx context.Context, t *Target, rest *pgx.Batch, soft func(error) error) error {
 	b := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: t.checkSQL}}, rest.QueuedQueries...)}
 	br := l.conn.SendBatch(ctx, b)
@@ -327,18 +339,24 @@ func (l *Lease) checked(ctx context.Context, t *Target, rest *pgx.Batch, soft fu
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
 		return err
 	}
+	failed := func(err error) error {
+		if soft != nil {
+			if serr := soft(err); serr != nil {
+				br.Close()
+				return serr
+			}
+		}
+		return lostAfterCheck(err)
+	}
 	for range rest.QueuedQueries {
 		if _, err := br.Exec(); err != nil {
-			if soft != nil {
-				if serr := soft(err); serr != nil {
-					br.Close()
-					return serr
-				}
-			}
-			return lostAfterCheck(err)
+			return failed(err)
 		}
 	}
-	return lostAfterCheck(br.Close())
+	if err := br.Close(); err != nil {
+		return failed(err)
+	}
+	return nil
 }
 
 // dropHeard discards the notifications the connection has read and not

@@ -873,3 +873,74 @@ ON CONFLICT (classid, objid, objsubid) DO UPDATE SET value = EXCLUDED.value`
 		}
 	}
 }
+
+// A NOTIFY's commit takes a lock in the server's shared lock table, which
+// any role may fill (SQLSTATE 53200): a leader's announcement then fails,
+// but the check in front of it proved the lock, and the session is fine.
+// Announce says so (ErrLockTableFull, not a lost connection), and the
+// announcement goes out once the table has room.
+func TestAnnounceInAFullLockTable(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20"}})
+	r := testpg.NewRoles(t, srv)
+	ctx := context.Background()
+	conn, err := leader.DSN(r.AppDSN).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "full-announcer", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ls.Close)
+	target := lockconn.NewTarget(leader.KeyFromName(t.Name()), "", "", "")
+	if round, err := ls.Campaign(ctx, target, true); err != nil || !round.Held {
+		t.Fatalf("Campaign: %+v %v", round, err)
+	}
+	listener, err := pgx.Connect(ctx, r.AppDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close(context.Background()) })
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{target.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	evil := r.EvilConn(t)
+	for i := 0; ; i += 50 {
+		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Take the last slots the evil session's failed statement gave back.
+	for i := 0; ; i++ {
+		if _, err := evil.Exec(ctx, "SELECT pg_advisory_lock($1::int8)", int64(1<<41+i)); err != nil {
+			break
+		}
+	}
+	err = ls.Announce(ctx, target)
+	if !errors.Is(err, lockconn.ErrLockTableFull) || errors.Is(err, lockconn.ErrConnectionLost) {
+		t.Fatalf("Announce in a full lock table: %v; want ErrLockTableFull, the session fit", err)
+	}
+	if err := ls.Renew(ctx, target); err != nil {
+		t.Fatalf("Renew after the refused announcement: %v", err)
+	}
+	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.Announce(ctx, target); err != nil {
+		t.Fatalf("Announce once the table has room: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(wctx)
+	if err != nil {
+		t.Fatalf("no announcement after the table had room: %v", err)
+	}
+	if n.Payload != "full-announcer" {
+		t.Fatalf("announcement %q, want the leader's name (the refused one must not have been sent)", n.Payload)
+	}
+}
