@@ -117,6 +117,7 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 		e.setLeader(r.Holder)
 		e.leaderPID = r.HolderPID
 	}
+	e.tellRank(ls, uint32(e.leaderPID))
 	// Left alone: a round that saw the known leader's backend without a
 	// name (not seen in tests yet; the chaos run's "pid N" leader was a
 	// nameless holder of some kind): that backend is still that leader.

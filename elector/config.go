@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/internal/wire/terms"
 	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
@@ -157,6 +158,30 @@ type Config struct {
 	// hand over (RequestResign, pgleader resign). By default a superuser
 	// and any member of the elector's own role may.
 	ResignRequests ResignRequests
+
+	// Priority, Version and Strategy rank this candidate (see
+	// leader.Compare and docs/rolling-upgrades.md): a leader that sees a
+	// candidate it prefers to itself standing for PreferredDelay hands
+	// over to it, gracefully (OnElected returns before the unlock); a
+	// leader that leaves hands over to the candidate it prefers most. A
+	// tie keeps the leader. Every candidate of a key should use the same
+	// Strategy. A rank is believed only from a session of the leader's
+	// own login role that stands for the key; it costs a notification per
+	// candidate and new leader, and nothing while every candidate is
+	// unranked (Priority 0, no Version, the default).
+	Priority int
+	// Version is this candidate's semantic version ("1.4.2"), compared
+	// under NewestVersion and OldestVersion. At most 64 bytes.
+	Version string
+	// Strategy: leader.ByPriority (the default), leader.NewestVersion or
+	// leader.OldestVersion.
+	Strategy leader.Strategy
+	// PreferredDelay is how long a preferred candidate must stand before
+	// the leader hands over to it, counted from the later of its
+	// election and the candidate's rank reaching it: a candidate that
+	// flaps does not churn leadership, and a new leader's OnElected has
+	// that long to start. Default 3 × RenewInterval.
+	PreferredDelay time.Duration
 }
 
 // ResignRequests decides who may ask a leader to hand over from outside
@@ -251,6 +276,7 @@ func (c *Config) setDefaults() {
 		c.Fencing.HistoryTable = leader.DefaultHistoryTable
 	}
 	def(&c.Fencing.HistoryRetention, DefaultHistoryRetention)
+	def(&c.PreferredDelay, 3*c.RenewInterval)
 	if c.Value != nil {
 		c.Values.Enabled = true
 	}
@@ -314,5 +340,37 @@ func (c *Config) validate() error {
 	if err := leader.ConnectorError(c.Connect); err != nil {
 		return &ConfigError{Field: "Connect", Rule: err.Error()}
 	}
+	return c.validateRank()
+}
+
+// validateRank checks Priority, Version, Strategy and PreferredDelay.
+func (c *Config) validateRank() error {
+	bad := func(field, rule string, args ...any) error {
+		return &ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
+	}
+	switch {
+	case c.Strategy < leader.ByPriority || c.Strategy > leader.OldestVersion:
+		return bad("Strategy", "must be leader.ByPriority, leader.NewestVersion or leader.OldestVersion, got %d", int(c.Strategy))
+	case c.Strategy != leader.ByPriority && c.Version == "":
+		return bad("Version", "required with Strategy %s", c.Strategy)
+	case len(c.Version) > lockconn.MaxRankVersion:
+		return bad("Version", "must be at most %d bytes, got %d", lockconn.MaxRankVersion, len(c.Version))
+	case c.PreferredDelay < 0:
+		return bad("PreferredDelay", "must not be negative, got %s", c.PreferredDelay)
+	}
+	if c.Version != "" {
+		if err := leader.ValidVersion(c.Version); err != nil {
+			return bad("Version", "%v", err)
+		}
+	}
 	return nil
+}
+
+// ranked reports whether this candidate tells leaders its rank: anything
+// but the default rank.
+func (c *Config) ranked() bool { return c.Priority != 0 || c.Version != "" }
+
+// preference is this candidate's rank.
+func (c *Config) preference() leader.Preference {
+	return leader.Preference{Priority: c.Priority, Version: c.Version}
 }

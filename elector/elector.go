@@ -79,6 +79,12 @@ type Elector struct {
 	// last round that read the holder saw it (0: none known). Only the
 	// elector's goroutine uses it.
 	leaderPID int32
+	// rankTo is the leader's backend this candidate last told its rank
+	// (see tellRank), rankSent when, and rankAgain whether it tells it
+	// once more (the elector's goroutine only).
+	rankTo    uint32
+	rankSent  time.Time
+	rankAgain bool
 
 	elected     chan struct{} // closed at the first election; see Elected
 	electedOnce sync.Once
@@ -132,7 +138,8 @@ func New(cfg Config) (*Elector, error) {
 	e.obs = cfg.Observer
 	e.st = Status{Identity: cfg.Identity, Key: cfg.Key, LastRound: time.Now(),
 		RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
-		LeaseDuration: cfg.LeaseDuration, ReleaseTimeout: cfg.ReleaseTimeout}
+		LeaseDuration: cfg.LeaseDuration, ReleaseTimeout: cfg.ReleaseTimeout,
+		Priority: cfg.Priority, Version: cfg.Version, Strategy: cfg.Strategy}
 	return e, nil
 }
 

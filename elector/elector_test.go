@@ -42,6 +42,11 @@ func TestConfigValidation(t *testing.T) {
 		{"negative release", func(c *elector.Config) { c.ReleaseTimeout = -1 }, "ReleaseTimeout", "negative"},
 		{"long identity", func(c *elector.Config) { c.Identity = strings.Repeat("a", 64) }, "Identity", "at most 63"},
 		{"non-ascii identity", func(c *elector.Config) { c.Identity = "führer" }, "Identity", "printable ASCII"},
+		{"bad version", func(c *elector.Config) { c.Version = "1.2" }, "Version", "not a semantic version"},
+		{"long version", func(c *elector.Config) { c.Version = "1.0.0-" + strings.Repeat("a", 60) }, "Version", "at most 64"},
+		{"version strategy without version", func(c *elector.Config) { c.Strategy = leader.OldestVersion }, "Version", "required with Strategy OldestVersion"},
+		{"unknown strategy", func(c *elector.Config) { c.Strategy = 7 }, "Strategy", "got 7"},
+		{"negative preferred delay", func(c *elector.Config) { c.PreferredDelay = -time.Second }, "PreferredDelay", "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

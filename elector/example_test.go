@@ -258,3 +258,47 @@ func ExampleElector_Proclaim() {
 	// web-1 at http://10.0.0.1:8080
 	// web-1 at http://10.0.0.1:9090
 }
+
+// A rollout under NewestVersion: the leader of version 1.0.0 hands over to
+// the first 2.0.0 candidate that stands, after PreferredDelay, gracefully
+// (its OnElected returns before the unlock). See docs/rolling-upgrades.md.
+func ExampleConfig_newestVersion() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	elected := make(chan string, 4)
+	demoted := make(chan error, 4)
+	run := func(id, version string) chan error {
+		e, err := elector.New(elector.Config{
+			Connect:  elector.DSN(exampleDSN()),
+			Key:      leader.KeyFromName("example-rollout"),
+			Identity: id,
+			Version:  version,
+			Strategy: leader.NewestVersion,
+			Callbacks: elector.Callbacks{
+				OnElected: func(ctx context.Context, l leader.Leadership) {
+					elected <- l.Identity
+					<-ctx.Done()
+				},
+				OnDemoted: func(l leader.Leadership, reason error) { demoted <- reason },
+			},
+		})
+		if err != nil {
+			panic(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		return done
+	}
+	old := run("app-v1", "1.0.0")
+	fmt.Println("elected:", <-elected)
+	next := run("app-v2", "2.0.0")
+	fmt.Println("elected:", <-elected)
+	fmt.Println("demoted:", <-demoted)
+	cancel()
+	<-old
+	<-next
+	// Output:
+	// elected: app-v1
+	// elected: app-v2
+	// demoted: pgleader: resigned: handover to preferred candidate app-v2 (NewestVersion: version "2.0.0" over "1.0.0")
+}

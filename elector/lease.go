@@ -45,6 +45,8 @@ type handoverLease interface {
 	Standing(ctx context.Context, t *lockconn.Target, identity string) (bool, error)
 	Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error
 	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
+	SendRank(ctx context.Context, t *lockconn.Target, leaderPID uint32, r lockconn.Rank) error
+	Candidate(ctx context.Context, t *lockconn.Target, pid uint32) (name string, ok bool, err error)
 }
 
 var _ lease = (*lockconn.Lease)(nil)
@@ -153,6 +155,8 @@ func (e *Elector) watch(ctx context.Context, ls *lockconn.Lease) error {
 	e.roundWait.Store(int64(wait))
 	if holder != "" {
 		e.setLeader(holder)
+		e.leaderPID = ls.WatchedPID()
+		e.tellRank(ls, uint32(e.leaderPID))
 	}
 	return nil
 }

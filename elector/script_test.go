@@ -349,6 +349,12 @@ func (noHandover) Reserve(context.Context, *lockconn.Target, string, time.Durati
 func (noHandover) Unreserve(context.Context, *lockconn.Target, string, time.Duration) (string, error) {
 	return "", nil
 }
+func (noHandover) SendRank(context.Context, *lockconn.Target, uint32, lockconn.Rank) error {
+	return nil
+}
+func (noHandover) Candidate(context.Context, *lockconn.Target, uint32) (string, bool, error) {
+	return "", false, nil
+}
 
 // A round that finds the known leader's backend without its name (the
 // lookup's activity snapshot missed it) keeps that leader; one that finds

@@ -43,6 +43,27 @@ type Status struct {
 	// RenewInterval, RenewDeadline, LeaseDuration and ReleaseTimeout are
 	// the elector's settings, for probes.
 	RenewInterval, RenewDeadline, LeaseDuration, ReleaseTimeout time.Duration
+	// Priority, Version and Strategy are the elector's rank (Config).
+	Priority int
+	Version  string
+	Strategy leader.Strategy
+	// Candidates are, while this elector leads, the ranks candidates told
+	// it (ranked candidates only; a rank is proven only when the leader
+	// hands over to it), and Why says why it leads: "first come" (no
+	// candidate it heard of ranks above or below it), "preferred (...)"
+	// (it ranks above every one), or "handing over to a preferred
+	// candidate (...)". Both are empty while it follows.
+	Candidates []RankedCandidate
+	Why        string
+}
+
+// RankedCandidate is a rank a candidate told the leader: its backend pid, its
+// priority and version, and when the rank reached the leader.
+type RankedCandidate struct {
+	PID      uint32
+	Priority int
+	Version  string
+	Since    time.Time
 }
 
 // Status returns a snapshot of the elector's state.
@@ -55,8 +76,9 @@ func (e *Elector) Status() Status {
 	st.Leader = e.Leader()
 	st.RequestsDropped = e.requests.total()
 	if !st.Tenure {
-		st.Term, st.Since = 0, time.Time{}
+		st.Term, st.Since, st.Candidates, st.Why = 0, time.Time{}, nil, ""
 	}
+	st.Candidates = append([]RankedCandidate(nil), st.Candidates...)
 	return st
 }
 

@@ -45,6 +45,10 @@ type tenure struct {
 	// the last try).
 	unannounced bool
 	announced   time.Time
+	// cands are the ranks candidates told this leader, by backend pid
+	// (see prefer.go); rankRefused, the senders not heard until then.
+	cands       map[uint32]*candidate
+	rankRefused map[uint32]time.Time
 }
 
 // announceRetry paces the announcements a full lock table refused: each
@@ -111,7 +115,8 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 		l.TermsTable = e.termsTable.Raw(c.Fencing.Table)
 	}
 	t := &tenure{l: l, demoted: make(chan struct{}), cbDone: make(chan struct{}),
-		trust: window{lastOK: vsent, interval: c.RenewInterval, deadline: c.RenewDeadline}}
+		trust: window{lastOK: vsent, interval: c.RenewInterval, deadline: c.RenewDeadline},
+		cands: map[uint32]*candidate{}, rankRefused: map[uint32]time.Time{}}
 	// The marker lets Resign know a call made with OnElected's own context.
 	// OnElected's context keeps Run's values but not its cancellation: it
 	// ends only in stepDown, once IsLeader is false, whatever the reason.
@@ -130,6 +135,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 	// user's runs here.
 	e.note(func(st *Status) {
 		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
+		st.Candidates, st.Why = nil, "first come"
 	})
 	e.setLeader(c.Identity)
 	e.leaderPID, e.valuePID = 0, 0
@@ -169,9 +175,14 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 		e.mu.Lock()
 		wake := t.wake
 		e.mu.Unlock()
-		req, werr := ls.WaitIdle(wake, e.target, t.trust.nextRenew())
+		until := t.trust.nextRenew()
+		if c, at := e.preferredAt(t); c != nil && at.Before(until) {
+			until = at
+		}
+		req, werr := ls.WaitIdle(wake, e.target, until)
 		switch {
 		case t.stop.Err() != nil:
+			e.leaving(t, ls)
 			return context.Cause(t.stop)
 		case wake.Err() != nil: // a Proclaim
 			if err := e.proclaimed(t, ls); err != nil {
@@ -180,13 +191,18 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 			continue
 		case werr != nil:
 			return werr
+		case req.Rank != nil:
+			e.heardRank(t, req)
 		case req.PID != 0:
 			if reason := e.request(t, ls, req); reason != nil {
 				return reason
 			}
-			if time.Now().Before(t.trust.nextRenew()) {
-				continue
-			}
+		}
+		if reason := e.prefer(t, ls); reason != nil {
+			return reason
+		}
+		if time.Now().Before(t.trust.nextRenew()) {
+			continue
 		}
 		again := t.unannounced && time.Since(t.announced) >= announceRetry
 		if err := e.renew(t, ls, true, again); err != nil {

@@ -72,3 +72,17 @@ func ExampleLeadership_Fence() {
 }
 
 func exampleDSN() string { return shared.DSN() }
+
+// Compare ranks candidates under a Strategy: under NewestVersion the
+// version decides, and the priority breaks a tie.
+func ExampleCompare() {
+	v1 := leader.Preference{Priority: 9, Version: "1.9.0"}
+	v2 := leader.Preference{Priority: 0, Version: "2.0.0"}
+	fmt.Println(leader.Compare(leader.NewestVersion, v2, v1))
+	fmt.Println(leader.Compare(leader.OldestVersion, v2, v1))
+	fmt.Println(leader.Compare(leader.ByPriority, v2, v1))
+	// Output:
+	// 1
+	// -1
+	// -1
+}

@@ -50,10 +50,12 @@ func (t *Target) ReserveChannel() string {
 func ReplyChannel(pid uint32) string { return fmt.Sprintf("pgleader.reply.%d", pid) }
 
 // Request is a resign request a leader read: the asker's backend pid, and
-// the identity it named ("" for any candidate).
+// the identity it named ("" for any candidate); or, with Rank set, a
+// candidate's rank (see SendRank), which is no request to resign.
 type Request struct {
-	PID uint32
-	To  string
+	PID  uint32
+	To   string
+	Rank *Rank
 }
 
 // A request's payload is addressed: "<leader's backend pid> <to>" (to

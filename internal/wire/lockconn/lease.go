@@ -145,10 +145,11 @@ type Lease struct {
 	funcs      bool // the quiet functions exist in this session
 	// f is the quiet campaign on this session (nil: the plain round); see
 	// Watch.
-	f         *follower
-	listening bool // for resign requests (see Announce)
-	lookups   int  // holder lookups the quiet campaign made (tests)
-	identity  string
+	f          *follower
+	listening  bool  // for resign requests (see Announce)
+	watchedPID int32 // the holder the last Watch saw
+	lookups    int   // holder lookups the quiet campaign made (tests)
+	identity   string
 }
 
 // Open configures conn as a lock session (see Setup) and returns its Lease,
@@ -439,6 +440,9 @@ func (l *Lease) WaitIdle(ctx context.Context, t *Target, until time.Time) (Reque
 			}
 			if to, ok := requestFor(n.Payload, l.sess.PID); ok {
 				return Request{PID: n.PID, To: to}, nil
+			}
+			if leaderPID, r, ok := ParseRank(n.Payload); ok && leaderPID == l.sess.PID {
+				return Request{PID: n.PID, Rank: &r}, nil
 			}
 		case errors.Is(err, context.DeadlineExceeded):
 			return Request{}, nil

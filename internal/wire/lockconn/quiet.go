@@ -196,8 +196,13 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 	if l.f != nil {
 		l.f.leaderPID, l.f.leader = pid, holder
 	}
+	l.watchedPID = pid
 	return l.f != nil, holder, nil
 }
+
+// WatchedPID is the backend pid of the holder the last Watch saw (0:
+// none).
+func (l *Lease) WatchedPID() int32 { return l.watchedPID }
 
 // quietCampaign runs one quiet round: an heir's lock wait, or a watcher's
 // wait for a notification or its next poll; or, when a notification said

@@ -62,3 +62,23 @@ BEGIN
       AND l.granted AND l.mode = 'ExclusiveLock'
       AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid())));
 END $f$;
+
+-- name: rank
+-- A candidate tells the leader its rank (see RankPayload) on the key's
+-- resign channel $1 (no lock_timeout at the commit's notify queue lock,
+-- and no WAL flush: nothing durable is in it).
+SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true), set_config('synchronous_commit', 'off', true)
+
+-- name: candidate
+-- The name of backend $1 when it is a candidate for the key: a session of
+-- this session's own login role (other than this one) that holds the
+-- key's roster lock ($2, $3, 2) in share mode (a quiet candidate) or waits
+-- for the key ($4, $5, $6). No row otherwise. A rank message is believed
+-- only for such a sender: the server stamps the sender's pid on a
+-- notification, and no client can forge it.
+SELECT coalesce(a.application_name, '') FROM pg_stat_get_activity($1::int4) a
+WHERE a.pid <> pg_backend_pid()
+  AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid()))
+  AND EXISTS (SELECT FROM pg_locks l WHERE l.pid = $1::int4 AND l.locktype = 'advisory'
+    AND ((l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = 2 AND l.granted)
+      OR (l.classid = $4::oid AND l.objid = $5::oid AND l.objsubid = $6::int2 AND NOT l.granted)))

@@ -1,0 +1,206 @@
+package elector
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Preferred leaders (Config.Priority, Version, Strategy). A ranked
+// candidate tells each new leader it sees its rank, with one NOTIFY on the
+// key's resign channel, addressed to the leader's backend (tellRank). The
+// leader keeps the ranks it heard (candidates in its tenure); NOTIFY is
+// not authenticated, so a rank is only a claim, and costs the leader no
+// query until it would act on it: when the candidate it prefers most is
+// preferred to itself and has stood for PreferredDelay, the leader proves
+// from pg_locks and pg_stat_activity that the sender's backend (the pid
+// the server stamped on the notification) is a session of its own login
+// role standing for the key, takes its name from there, and hands over to
+// it with the reserved handover of RequestResign(..., to). A leader that
+// leaves (Resign, Run's context, OnElected returning) hands over the same
+// way to the candidate it prefers most, whoever it is.
+
+// candidate is a rank a candidate told this leader.
+type candidate struct {
+	pid   uint32
+	pref  leader.Preference
+	since time.Time // when this rank reached the leader
+}
+
+const (
+	// maxCandidates bounds the ranks a leader keeps (a flood of forged
+	// ones costs a map entry each, and no query).
+	maxCandidates = 256
+	// rankRefusedFor: a sender whose rank could not be proven, or whose
+	// handover failed, is not heard again for this long.
+	rankRefusedFor = 10 * time.Second
+	// rankResend: a candidate tells a leader its rank again once, this
+	// long after the first time (a leader begins to listen with its first
+	// renew, which a quick lookup may precede).
+	rankResend = time.Second
+)
+
+// heardRank records a rank a candidate told this leader.
+func (e *Elector) heardRank(t *tenure, req lockconn.Request) {
+	now := time.Now()
+	if until, ok := t.rankRefused[req.PID]; ok && now.Before(until) {
+		return
+	}
+	p := leader.Preference{Priority: req.Rank.Priority, Version: req.Rank.Version}
+	switch c, ok := t.cands[req.PID]; {
+	case ok && c.pref == p:
+		return
+	case ok:
+		c.pref, c.since = p, now
+	case len(t.cands) >= maxCandidates:
+		return
+	default:
+		t.cands[req.PID] = &candidate{pid: req.PID, pref: p, since: now}
+	}
+	e.noteCandidates(t)
+}
+
+// best returns the candidate s prefers most (of equals, the one heard
+// first; then the lower pid), or nil when there is none.
+func best(s leader.Strategy, cands map[uint32]*candidate) *candidate {
+	var b *candidate
+	for _, c := range cands {
+		if b == nil {
+			b = c
+			continue
+		}
+		switch cmp := leader.Compare(s, c.pref, b.pref); {
+		case cmp > 0,
+			cmp == 0 && c.since.Before(b.since),
+			cmp == 0 && c.since.Equal(b.since) && c.pid < b.pid:
+			b = c
+		}
+	}
+	return b
+}
+
+// preferredAt returns the candidate this leader prefers to itself, and
+// when it is due to hand over to it: PreferredDelay after the later of
+// the election and the candidate's rank reaching it. nil when no
+// candidate is preferred (a tie keeps the leader).
+func (e *Elector) preferredAt(t *tenure) (*candidate, time.Time) {
+	c := best(e.cfg.Strategy, t.cands)
+	if c == nil || leader.Compare(e.cfg.Strategy, c.pref, e.cfg.preference()) <= 0 {
+		return nil, time.Time{}
+	}
+	from := t.l.ElectedAt
+	if c.since.After(from) {
+		from = c.since
+	}
+	return c, from.Add(e.cfg.PreferredDelay)
+}
+
+// prefer hands over to the candidate this leader prefers to itself once
+// it is due: it proves the candidate stands and reserves the lock for it.
+// It returns the reason to step down, or nil to lead on.
+func (e *Elector) prefer(t *tenure, ls lease) error {
+	c, at := e.preferredAt(t)
+	if c == nil || time.Now().Before(at) {
+		return nil
+	}
+	name, ok := e.handTo(t, ls, c)
+	if !ok {
+		return nil
+	}
+	return fmt.Errorf("%w: handover to preferred candidate %s (%s)", leader.ErrResigned, name, e.why(c.pref, e.cfg.preference()))
+}
+
+// leaving hands a leaving leader's lock to the candidate it prefers most,
+// when it knows a ranked one (and no handover is set up yet).
+func (e *Elector) leaving(t *tenure, ls lease) {
+	if c := best(e.cfg.Strategy, t.cands); c != nil && t.handoverTo == "" {
+		e.handTo(t, ls, c)
+	}
+}
+
+// handTo proves that c's backend is a candidate of this leader's role
+// standing for the key, and reserves the lock for it by the name its
+// session has. A candidate that fails either is not heard again for
+// rankRefusedFor.
+func (e *Elector) handTo(t *tenure, ls lease, c *candidate) (string, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	log := t.log.With(zap.Uint32("candidate_pid", c.pid), zap.Int("candidate_priority", c.pref.Priority), zap.String("candidate_version", c.pref.Version))
+	refuse := func() {
+		delete(t.cands, c.pid)
+		t.rankRefused[c.pid] = time.Now().Add(rankRefusedFor)
+		e.noteCandidates(t)
+	}
+	name, ok, err := ls.Candidate(ctx, e.target, c.pid)
+	if err != nil || !ok || name == "" {
+		log.Info("a rank from a session that does not stand for the key as this leader's role is ignored", zap.Error(err))
+		refuse()
+		return "", false
+	}
+	if msg, ok := e.reserveFor(ctx, t, ls, name, log); !ok {
+		log.Info("no handover to the preferred candidate", zap.String("candidate", name), zap.String("why", msg))
+		refuse()
+		return "", false
+	}
+	log.Info("handing over to the preferred candidate", zap.String("candidate", name))
+	return name, true
+}
+
+// why says why a is preferred to b (or, equal, why neither is).
+func (e *Elector) why(a, b leader.Preference) string {
+	s := e.cfg.Strategy
+	if (s == leader.NewestVersion || s == leader.OldestVersion) && leader.CompareVersions(a.Version, b.Version) != 0 {
+		return fmt.Sprintf("%s: version %q over %q", s, a.Version, b.Version)
+	}
+	if a.Priority != b.Priority {
+		return fmt.Sprintf("%s: priority %d over %d", s, a.Priority, b.Priority)
+	}
+	return "first come"
+}
+
+// tellRank tells a leader this candidate's rank, when it has one: on
+// first seeing the leader's backend, and once more rankResend later.
+// Losing one is harmless (the leader only hands over later, or not at
+// all), so an error is only logged.
+func (e *Elector) tellRank(ls lease, leaderPID uint32) {
+	if !e.cfg.ranked() || leaderPID == 0 || leaderPID == ls.PID() {
+		return
+	}
+	now := time.Now()
+	switch {
+	case leaderPID != e.rankTo:
+		e.rankTo, e.rankSent, e.rankAgain = leaderPID, now, true
+	case e.rankAgain && now.Sub(e.rankSent) >= rankResend:
+		e.rankAgain = false
+	default:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	if err := ls.SendRank(ctx, e.target, leaderPID, lockconn.Rank{Priority: e.cfg.Priority, Version: e.cfg.Version}); err != nil {
+		e.log.Debug("could not tell the leader this candidate's rank", zap.Error(err))
+	}
+}
+
+// noteCandidates copies the tenure's candidates into the status.
+func (e *Elector) noteCandidates(t *tenure) {
+	out := make([]RankedCandidate, 0, len(t.cands))
+	for _, c := range t.cands {
+		out = append(out, RankedCandidate{PID: c.pid, Priority: c.pref.Priority, Version: c.pref.Version, Since: c.since})
+	}
+	why := "first come"
+	if b := best(e.cfg.Strategy, t.cands); b != nil {
+		switch cmp := leader.Compare(e.cfg.Strategy, e.cfg.preference(), b.pref); {
+		case cmp > 0:
+			why = "preferred (" + e.why(e.cfg.preference(), b.pref) + ")"
+		case cmp < 0:
+			why = "handing over to a preferred candidate (" + e.why(b.pref, e.cfg.preference()) + ")"
+		}
+	}
+	e.note(func(st *Status) { st.Candidates, st.Why = out, why })
+}

@@ -1,0 +1,306 @@
+package elector_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/elector"
+	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// startRanked runs an elector with a rank.
+func startRanked(t *testing.T, r *recorder, dsn string, key leader.Key, id string, s leader.Strategy, prio int, version string) *running {
+	t.Helper()
+	return startWith(t, r, opts{dsn: dsn, key: key, id: id}, func(c *elector.Config) {
+		c.Strategy, c.Priority, c.Version = s, prio, version
+	})
+}
+
+// elections lists who was elected, in order.
+func (r *recorder) elections() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.events {
+		if e.kind == "elected" {
+			out = append(out, e.id)
+		}
+	}
+	return out
+}
+
+// lastAt is when the last event of kind by id came.
+func (r *recorder) lastAt(kind, id string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var at time.Time
+	for _, e := range r.events {
+		if e.kind == kind && e.id == id {
+			at = e.at
+		}
+	}
+	return at
+}
+
+// knows waits until the leader heard a rank of version (or priority, for
+// an empty version) from a candidate, and then for the leader's rounds to
+// pass PreferredDelay (300 ms here) three times over: long enough for a
+// handover it would start.
+func knows(t *testing.T, ldr *running, version string, prio int) {
+	t.Helper()
+	eventually(t, ldr.e.Identity()+" hears the rank", func() (bool, string) {
+		st := ldr.e.Status()
+		return slices.ContainsFunc(st.Candidates, func(c elector.RankedCandidate) bool {
+			return c.Version == version && c.Priority == prio
+		}), fmt.Sprintf("%+v", st.Candidates)
+	})
+	waitRounds(t, []*running{ldr}, 10)
+}
+
+// A rollout from v1 to v2 under NewestVersion, one replica at a time, a
+// new one started before the old one stops (a Deployment's surge):
+// leadership moves to v2 once, when the first v2 candidate stands, and
+// never back.
+func TestRolloutNewestVersion(t *testing.T) {
+	srv := sharedServer(t)
+	rec := newRecorder(t)
+	key := testKey(t)
+	s := leader.NewestVersion
+	a := startRanked(t, rec, srv.DSN(), key, "a-v1", s, 0, "1.0.0")
+	rec.next("elected", "a-v1")
+	b := startRanked(t, rec, srv.DSN(), key, "b-v1", s, 0, "1.0.0")
+	c := startRanked(t, rec, srv.DSN(), key, "c-v1", s, 0, "1.0.0")
+	knows(t, a, "1.0.0", 0) // ties keep the leader
+	a2 := startRanked(t, rec, srv.DSN(), key, "a-v2", s, 0, "2.0.0")
+	d := rec.next("demoted", "a-v1")
+	rec.next("elected", "a-v2")
+	if !strings.Contains(fmt.Sprint(d.reason), "handover to preferred candidate a-v2") {
+		t.Fatalf("a-v1 demoted with %v", d.reason)
+	}
+	a.stop()
+	for _, old := range []*running{b, c} {
+		startRanked(t, rec, srv.DSN(), key, strings.Replace(old.e.Identity(), "v1", "v2", 1), s, 0, "2.0.0")
+		knows(t, a2, "2.0.0", 0)
+		old.stop()
+	}
+	waitRounds(t, []*running{a2}, 5)
+	if got := rec.elections(); !slices.Equal(got, []string{"a-v1", "a-v2"}) {
+		t.Fatalf("elections %v, want [a-v1 a-v2]: one handover to v2, none back", got)
+	}
+	if st := a2.e.Status(); !strings.HasPrefix(st.Why, "first come") {
+		t.Fatalf("a-v2 leads %q among equals, want first come", st.Why)
+	}
+}
+
+// The same rollout under OldestVersion: a v2 candidate never leads while a
+// v1 one stands. Each leaving v1 leader hands over to another v1
+// candidate, and leadership reaches v2 only when the last v1 leaves.
+func TestRolloutOldestVersion(t *testing.T) {
+	srv := sharedServer(t)
+	rec := newRecorder(t)
+	key := testKey(t)
+	s := leader.OldestVersion
+	olds := []*running{startRanked(t, rec, srv.DSN(), key, "a-v1", s, 0, "1.0.0")}
+	rec.next("elected", "a-v1")
+	olds = append(olds, startRanked(t, rec, srv.DSN(), key, "b-v1", s, 0, "1.0.0"),
+		startRanked(t, rec, srv.DSN(), key, "c-v1", s, 0, "1.0.0"))
+	ldr := olds[0]
+	knows(t, ldr, "1.0.0", 0)
+	var news []*running
+	for i, old := range olds {
+		news = append(news, startRanked(t, rec, srv.DSN(), key, strings.Replace(old.e.Identity(), "v1", "v2", 1), s, 0, "2.0.0"))
+		if old == ldr {
+			knows(t, ldr, "2.0.0", 0) // a v2 candidate stands: no handover to it
+			if st := ldr.e.Status(); strings.HasPrefix(st.Why, "handing over") {
+				t.Fatalf("%s: %q", ldr.e.Identity(), st.Why)
+			}
+		}
+		old.stop()
+		if old != ldr {
+			continue
+		}
+		// The leader left: the next one is the oldest version standing.
+		next := rec.next("elected", "").id
+		if want := i < len(olds)-1; strings.HasSuffix(next, "-v1") != want {
+			t.Fatalf("after %s left, %s leads (v1 candidates left: %v)", old.e.Identity(), next, want)
+		}
+		for _, r := range append(slices.Clone(olds), news...) {
+			if r.e.Identity() == next {
+				ldr = r
+			}
+		}
+	}
+	got := rec.elections()
+	v2 := 0
+	for _, id := range got {
+		if strings.HasSuffix(id, "-v2") {
+			v2++
+		}
+	}
+	if v2 != 1 || !strings.HasSuffix(got[len(got)-1], "-v2") {
+		t.Fatalf("elections %v: want v1 leaders until the last v1 left, then one v2", got)
+	}
+}
+
+// Five candidates with priorities 0..4, started in random order: the
+// highest priority standing leads, every time; stopped, it hands over to
+// the next highest, and it leads again once it is back.
+func TestHighestPriorityLeads(t *testing.T) {
+	srv := sharedServer(t)
+	rec := newRecorder(t)
+	key := testKey(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	order := rand.New(rand.NewPCG(seed, 0)).Perm(5)
+	els := map[int]*running{}
+	for _, p := range order {
+		els[p] = startRanked(t, rec, srv.DSN(), key, fmt.Sprintf("prio-%d", p), leader.ByPriority, p, "")
+	}
+	// top waits until want leads, elected after the first after
+	// elections.
+	top := func(want string, after int) {
+		t.Helper()
+		eventually(t, want+" leads", func() (bool, string) {
+			got := rec.elections()
+			return len(got) > after && got[len(got)-1] == want && leaderIs(els, want), fmt.Sprint(got)
+		})
+	}
+	top("prio-4", 0)
+	knows(t, els[4], "", 3) // a leader that leaves knows whom to hand over to
+	before := len(rec.elections())
+	els[4].stop()
+	top("prio-3", before)
+	if got := rec.elections()[before:]; !slices.Equal(got, []string{"prio-3"}) {
+		t.Fatalf("after prio-4 left: elections %v, want [prio-3]", got)
+	}
+	back := time.Now()
+	els[4] = startRanked(t, rec, srv.DSN(), key, "prio-4", leader.ByPriority, 4, "")
+	top("prio-4", before+1)
+	// Not before PreferredDelay (3 × RenewInterval) after it stood.
+	if took := rec.lastAt("elected", "prio-4").Sub(back); took < 3*tInterval {
+		t.Fatalf("prio-4 was handed the lock %s after it started: before PreferredDelay", took)
+	}
+	// Its session killed, an heir takes the lock at once; prio-4
+	// reconnects, and it is handed the lock again.
+	before = len(rec.elections())
+	demoted := rec.count("demoted", "prio-4")
+	conn := mustConn(t, srv)
+	if _, err := conn.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'prio-4'"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "prio-4 demoted", func() (bool, string) { return rec.count("demoted", "prio-4") > demoted, "" })
+	top("prio-4", before+1)
+	// (An heir's election, then prio-4's; on a slow machine the heir may
+	// hand over to prio-3 before prio-4 is back.)
+	if got := rec.elections()[before:]; len(got) < 2 || len(got) > 3 || slices.Index(got, "prio-4") != len(got)-1 {
+		t.Fatalf("after prio-4's session was killed: elections %v, want an heir's, then prio-4's", got)
+	}
+}
+
+// leaderIs reports whether the electors that run agree that want leads.
+func leaderIs(els map[int]*running, want string) bool {
+	for _, r := range els {
+		if r.e.Status().Tenure && r.e.Identity() != want {
+			return false
+		}
+	}
+	return true
+}
+
+// A rank is believed only from a session that stands for the key as the
+// leader's own role. Another role's sessions that stand for the key under
+// a candidate's name (one holds the key's roster lock and sends the rank,
+// another queues on the key, ready for a reserved handover), and a
+// session of the leader's role that does not stand, sending the leader a
+// rank that outranks it, move nothing.
+func TestForgedRankMovesNothing(t *testing.T) {
+	srv := testpg.Start(t)
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	ldr := startRanked(t, rec, r.AppDSN, key, "ranked-leader", leader.ByPriority, 1, "")
+	rec.next("elected", "ranked-leader")
+	target := lockconn.NewTarget(key, "", "", "")
+	ctx := context.Background()
+	var leaderPID uint32
+	eventually(t, "the leader's backend", func() (bool, string) {
+		leaderPID = backendOf(t, r.AppDSN, "ranked-leader")
+		return leaderPID != 0, ""
+	})
+	payload := lockconn.RankPayload(leaderPID, lockconn.Rank{Priority: 100})
+	evil := func() *pgx.Conn {
+		c, err := pgx.Connect(ctx, r.EvilDSN+"&application_name=evil-candidate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	queued := evil()
+	go queued.Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...) //nolint:errcheck // ends with the test
+	roster := evil()
+	if _, err := roster.Exec(ctx, "SELECT pg_advisory_lock_shared($1::int4, $2::int4), pg_notify($3, $4)",
+		lockconn.Space, target.Roster(), target.ResignChannel(), payload); err != nil {
+		t.Fatal(err)
+	}
+	idle, err := pgx.Connect(ctx, r.AppDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { idle.Close(context.Background()) })
+	if _, err := idle.Exec(ctx, "SELECT pg_notify($1, $2)", target.ResignChannel(), payload); err != nil {
+		t.Fatal(err)
+	}
+	knows(t, ldr, "", 100)
+	waitRounds(t, []*running{ldr}, 10)
+	if got := rec.elections(); !slices.Equal(got, []string{"ranked-leader"}) || !ldr.e.IsLeader() {
+		t.Fatalf("elections %v, IsLeader %v after forged ranks", got, ldr.e.IsLeader())
+	}
+}
+
+// A leader that leaves hands over to the candidate it prefers most, not
+// to whichever heir the server grants the lock: here the two heirs (the
+// first two followers) rank lowest, and a watcher ranks highest.
+func TestLeavingLeaderHandsToPreferred(t *testing.T) {
+	srv := sharedServer(t)
+	rec := newRecorder(t)
+	key := testKey(t)
+	ldr := startRanked(t, rec, srv.DSN(), key, "leaving-5", leader.ByPriority, 5, "")
+	rec.next("elected", "leaving-5")
+	startRanked(t, rec, srv.DSN(), key, "heir-1", leader.ByPriority, 1, "")
+	startRanked(t, rec, srv.DSN(), key, "heir-2", leader.ByPriority, 2, "")
+	knows(t, ldr, "", 1)
+	knows(t, ldr, "", 2)
+	startRanked(t, rec, srv.DSN(), key, "watcher-3", leader.ByPriority, 3, "")
+	knows(t, ldr, "", 3)
+	ldr.stop()
+	rec.next("elected", "")
+	if got := rec.elections(); !slices.Equal(got, []string{"leaving-5", "watcher-3"}) {
+		t.Fatalf("elections %v, want [leaving-5 watcher-3]", got)
+	}
+}
+
+// backendOf returns the backend pid of the session named name (0: none).
+func backendOf(t *testing.T, dsn, name string) uint32 {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var pid uint32
+	err = conn.QueryRow(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1", name).Scan(&pid)
+	if err != nil {
+		return 0
+	}
+	return pid
+}
