@@ -304,3 +304,27 @@ func backendOf(t *testing.T, dsn, name string) uint32 {
 	}
 	return pid
 }
+
+// A preference handover is an ordinary graceful one: the next leader gets
+// the next fencing term, and the history says why the last term ended.
+func TestPreferenceHandoverInHistory(t *testing.T) {
+	srv := sharedServer(t)
+	rec := newRecorder(t)
+	key := testKey(t)
+	f := elector.Fencing{Enabled: true, Table: "prefer_terms", HistoryTable: "prefer_history"}
+	startWith(t, rec, opts{dsn: srv.DSN(), key: key, id: "hist-0", fencing: f}, nil)
+	e0 := rec.next("elected", "hist-0")
+	startWith(t, rec, opts{dsn: srv.DSN(), key: key, id: "hist-1", fencing: f}, func(c *elector.Config) { c.Priority = 1 })
+	e1 := rec.next("elected", "hist-1")
+	if e1.term != e0.term+1 {
+		t.Fatalf("terms %d then %d, want consecutive", e0.term, e1.term)
+	}
+	conn := mustConn(t, srv)
+	eventually(t, "the history row of the first term", func() (bool, string) {
+		var reason, detail string
+		err := conn.QueryRow(context.Background(), "SELECT coalesce(reason, ''), coalesce(detail, '') FROM prefer_history WHERE key_name = $1 AND term = $2",
+			key.String(), e0.term).Scan(&reason, &detail)
+		return err == nil && reason == "resigned" && strings.Contains(detail, "handover to preferred candidate hist-1 (ByPriority: priority 1 over 0)"),
+			fmt.Sprintf("%q %q %v", reason, detail, err)
+	})
+}
