@@ -30,6 +30,10 @@ type candidate struct {
 	pid   uint32
 	pref  leader.Preference
 	since time.Time // when this rank reached the leader
+	// name is the candidate's session's name, once proven (see prove);
+	// retry, when a proof may be tried again (see requests.admit).
+	name  string
+	retry time.Time
 }
 
 const (
@@ -56,7 +60,7 @@ func (e *Elector) heardRank(t *tenure, req lockconn.Request) {
 	case ok && c.pref == p:
 		return
 	case ok:
-		c.pref, c.since = p, now
+		c.pref, c.since, c.name = p, now, ""
 	case len(t.cands) >= maxCandidates:
 		return
 	default:
@@ -97,15 +101,23 @@ func (e *Elector) preferredAt(t *tenure) (*candidate, time.Time) {
 	if c.since.After(from) {
 		from = c.since
 	}
-	return c, from.Add(e.cfg.PreferredDelay)
+	at := from.Add(e.cfg.PreferredDelay)
+	if c.name == "" && c.retry.After(at) {
+		at = c.retry
+	}
+	return c, at
 }
 
 // prefer hands over to the candidate this leader prefers to itself once
-// it is due: it proves the candidate stands and reserves the lock for it.
+// it is due. It proves the candidate stands as soon as it is preferred
+// (off the handover's path), and reserves the lock for it when it is due.
 // It returns the reason to step down, or nil to lead on.
 func (e *Elector) prefer(t *tenure, ls lease) error {
 	c, at := e.preferredAt(t)
-	if c == nil || time.Now().Before(at) {
+	if c == nil {
+		return nil
+	}
+	if c.name == "" && (time.Now().Before(c.retry) || !e.prove(t, ls, c)) || time.Now().Before(at) {
 		return nil
 	}
 	name, ok := e.handTo(t, ls, c)
@@ -123,32 +135,67 @@ func (e *Elector) leaving(t *tenure, ls lease) {
 	}
 }
 
-// handTo proves that c's backend is a candidate of this leader's role
-// standing for the key, and reserves the lock for it by the name its
-// session has. A candidate that fails either is not heard again for
-// rankRefusedFor.
-func (e *Elector) handTo(t *tenure, ls lease, c *candidate) (string, bool) {
+// prove proves that c's backend is a candidate of this leader's role
+// standing for the key, and learns its name from its session. A
+// candidate that fails is not heard again for rankRefusedFor. Proofs
+// share the resign requests' budget (5 a second): a flood of forged ranks
+// from many sessions costs the leader no more queries than a flood of
+// requests.
+func (e *Elector) prove(t *tenure, ls lease, c *candidate) bool {
+	if now := time.Now(); !e.requests.admit(c.pid, now) {
+		c.retry = now.Add(time.Second / requestRate)
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
-	log := t.log.With(zap.Uint32("candidate_pid", c.pid), zap.Int("candidate_priority", c.pref.Priority), zap.String("candidate_version", c.pref.Version))
-	refuse := func() {
-		delete(t.cands, c.pid)
-		t.rankRefused[c.pid] = time.Now().Add(rankRefusedFor)
-		e.noteCandidates(t)
-	}
 	name, ok, err := ls.Candidate(ctx, e.target, c.pid)
-	if err != nil || !ok || name == "" {
-		log.Info("a rank from a session that does not stand for the key as this leader's role is ignored", zap.Error(err))
-		refuse()
+	if err != nil || !ok || name == "" || name == e.cfg.Identity {
+		e.candidateLog(t, c).Info("a rank from a session that does not stand for the key as this leader's role is ignored", zap.Error(err))
+		e.refuseRank(t, c)
+		return false
+	}
+	c.name = name
+	return true
+}
+
+// refuseRank forgets c, and does not hear its sender for rankRefusedFor.
+func (e *Elector) refuseRank(t *tenure, c *candidate) {
+	now := time.Now()
+	if len(t.rankRefused) > maxCandidates {
+		for pid, until := range t.rankRefused {
+			if now.After(until) {
+				delete(t.rankRefused, pid)
+			}
+		}
+	}
+	delete(t.cands, c.pid)
+	t.rankRefused[c.pid] = now.Add(rankRefusedFor)
+	e.noteCandidates(t)
+}
+
+func (e *Elector) candidateLog(t *tenure, c *candidate) *zap.Logger {
+	return t.log.With(zap.Uint32("candidate_pid", c.pid), zap.Int("candidate_priority", c.pref.Priority), zap.String("candidate_version", c.pref.Version))
+}
+
+// handTo reserves the lock for c (proven first, unless it was), by the
+// name its session has. The reservation itself waits for a session of
+// that name to queue on the key, so a candidate that died since it was
+// proven is not handed over to. A candidate that fails is not heard
+// again for rankRefusedFor.
+func (e *Elector) handTo(t *tenure, ls lease, c *candidate) (string, bool) {
+	if c.name == "" && !e.prove(t, ls, c) {
 		return "", false
 	}
-	if msg, ok := e.reserveFor(ctx, t, ls, name, log); !ok {
-		log.Info("no handover to the preferred candidate", zap.String("candidate", name), zap.String("why", msg))
-		refuse()
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	log := e.candidateLog(t, c).With(zap.String("candidate", c.name))
+	if msg, ok := e.reserve(ctx, t, ls, c.name, log); !ok {
+		log.Info("no handover to the preferred candidate", zap.String("why", msg))
+		e.refuseRank(t, c)
 		return "", false
 	}
-	log.Info("handing over to the preferred candidate", zap.String("candidate", name))
-	return name, true
+	log.Info("handing over to the preferred candidate")
+	return c.name, true
 }
 
 // why says why a is preferred to b (or, equal, why neither is).

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
@@ -227,7 +229,8 @@ func TestForgedRankMovesNothing(t *testing.T) {
 	r := testpg.NewRoles(t, srv)
 	rec := newRecorder(t)
 	key := testKey(t)
-	ldr := startRanked(t, rec, r.AppDSN, key, "ranked-leader", leader.ByPriority, 1, "")
+	core, logs := observer.New(zap.InfoLevel)
+	ldr := startWith(t, rec, opts{dsn: r.AppDSN, key: key, id: "ranked-leader", logger: zap.New(core)}, func(c *elector.Config) { c.Priority = 1 })
 	rec.next("elected", "ranked-leader")
 	target := lockconn.NewTarget(key, "", "", "")
 	ctx := context.Background()
@@ -246,7 +249,19 @@ func TestForgedRankMovesNothing(t *testing.T) {
 		return c
 	}
 	queued := evil()
-	go queued.Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...) //nolint:errcheck // ends with the test
+	qctx, qcancel := context.WithCancel(ctx)
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		queued.Exec(qctx, target.Call("pg_advisory_lock"), target.Vals...) //nolint:errcheck // cancelled when the test ends
+	}()
+	t.Cleanup(func() { qcancel(); <-waited }) // before the connection's Close
+	admin := mustConn(t, srv)
+	eventually(t, "the hostile session queues", func() (bool, string) {
+		var n int
+		err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory' AND objid = $1", target.ObjID).Scan(&n)
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
 	roster := evil()
 	if _, err := roster.Exec(ctx, "SELECT pg_advisory_lock_shared($1::int4, $2::int4), pg_notify($3, $4)",
 		lockconn.Space, target.Roster(), target.ResignChannel(), payload); err != nil {
@@ -260,7 +275,12 @@ func TestForgedRankMovesNothing(t *testing.T) {
 	if _, err := idle.Exec(ctx, "SELECT pg_notify($1, $2)", target.ResignChannel(), payload); err != nil {
 		t.Fatal(err)
 	}
-	knows(t, ldr, "", 100)
+	// Both ranks reach the leader, which finds neither sender standing as
+	// its role, and says so.
+	eventually(t, "both ranks refused", func() (bool, string) {
+		n := logs.FilterMessageSnippet("does not stand for the key as this leader's role").Len()
+		return n == 2, fmt.Sprint(n)
+	})
 	waitRounds(t, []*running{ldr}, 10)
 	if got := rec.elections(); !slices.Equal(got, []string{"ranked-leader"}) || !ldr.e.IsLeader() {
 		t.Fatalf("elections %v, IsLeader %v after forged ranks", got, ldr.e.IsLeader())

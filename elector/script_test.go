@@ -30,6 +30,8 @@ type scriptLease struct {
 	// idle, when set, is the round past the campaigns script (default: a
 	// Busy round with the lock held by "someone").
 	idle *lockconn.Round
+	// requests, when set, are what a leader's idle reads return.
+	requests chan lockconn.Request
 }
 
 type step struct {
@@ -140,7 +142,15 @@ func (s *scriptLease) WaitIdle(ctx context.Context, t *lockconn.Target, until ti
 		return lockconn.Request{}, ctx.Err()
 	case <-time.After(time.Until(until)):
 		return lockconn.Request{}, nil
+	case r := <-s.requests:
+		return r, nil
 	}
+}
+
+// Candidate finds no candidate standing (every rank is forged).
+func (s *scriptLease) Candidate(context.Context, *lockconn.Target, uint32) (string, bool, error) {
+	s.record("candidate")
+	return "", false, nil
 }
 
 func (s *scriptLease) Record(context.Context, string, ...any) error { return nil }
@@ -424,5 +434,29 @@ func TestScriptedAnnouncementRefusedByAFullTable(t *testing.T) {
 	})
 	if n := ls.count("announce"); n != 2 {
 		t.Fatalf("%d announcements, want 2 (once one went out, no more)", n)
+	}
+}
+
+// A flood of forged ranks from many sessions, each above the leader's
+// own: the leader proves at most 5 a second (the resign requests'
+// budget), leads on, and keeps no more than 256 of them.
+func TestScriptedRankFloodIsBounded(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, requests: make(chan lockconn.Request)}
+	sc := runScripted(t, ls, nil)
+	sc.waitElected(t)
+	began := time.Now()
+	for pid := uint32(1000); pid < 1400; pid++ {
+		ls.requests <- lockconn.Request{PID: pid, Rank: &lockconn.Rank{Priority: int(pid)}}
+	}
+	took := time.Since(began)
+	proofs := ls.count("candidate")
+	if most := 5 + int(5*took.Seconds()) + 1; proofs > most {
+		t.Fatalf("%d proofs for 400 forged ranks in %s, want at most %d", proofs, took, most)
+	}
+	if n := len(sc.e.Status().Candidates); n > 256 {
+		t.Fatalf("%d ranks kept, want at most 256", n)
+	}
+	if !sc.e.IsLeader() || sc.logs.FilterMessage("demoted").Len() != 0 {
+		t.Fatal("the flood ended the tenure")
 	}
 }

@@ -288,6 +288,13 @@ func (e *Elector) reserveFor(ctx context.Context, t *tenure, ls lease, to string
 		log.Info("resign request refused: no such candidate", zap.Error(err))
 		return fmt.Sprintf("unknown: %q does not stand for this key", to), false
 	}
+	return e.reserve(ctx, t, ls, to, log)
+}
+
+// reserve reserves the lock for the candidate to, which stands for the
+// key; when it cannot, it returns why and false.
+func (e *Elector) reserve(ctx context.Context, t *tenure, ls lease, to string, log *zap.Logger) (string, bool) {
+	c := e.cfg
 	// The named candidate queues within milliseconds of the reservation's
 	// announcement. Wait no longer than a renew interval: no renew runs
 	// meanwhile, and the trust window must not close.

@@ -62,13 +62,13 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		`  go run ./tools/bench                               # every default scenario on a throwaway PostgreSQL
   go run ./tools/bench --scenarios resign,kill --runs 100
   go run ./tools/bench --dsn "$DSN" --i-own-this-database --scenarios resign,kill,backend --json
-Scenarios: resign kill backend partition pause restart crowd freshness proclaim
+Scenarios: resign kill backend partition pause restart crowd freshness proclaim prefer
 idle, dbload and group (not in the default list: they take minutes). partition,
 pause and idle put a TCP proxy in front of the server; restart needs the
 throwaway server.
 `, stderr)
 	runs := fs.Int("runs", 20, "runs per scenario")
-	scen := fs.String("scenarios", "resign,kill,backend,partition,pause,restart,crowd,freshness,proclaim,idle", "comma-separated scenarios")
+	scen := fs.String("scenarios", "resign,kill,backend,partition,pause,restart,crowd,freshness,proclaim,prefer,idle", "comma-separated scenarios")
 	crowd := fs.Int("crowd", 200, "candidates in the crowd scenario")
 	crowdRuns := fs.Int("crowd-runs", 10, "runs per crowd handover kind")
 	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
@@ -145,6 +145,8 @@ throwaway server.
 				err = b.freshness(*crowd, *crowdRuns)
 			case "proclaim":
 				err = b.proclaim(10, b.runs)
+			case "prefer":
+				err = b.prefer(b.runs)
 			case "dbload":
 				err = b.dbload(sizes, *loadLeaders, *loadWindow, *loadPairs)
 			case "group":

@@ -124,11 +124,15 @@ func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (
 // within, until a session named to waits for the lock; on any failure it
 // releases both.
 func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.Duration) error {
-	var gate, name bool
+	var gate, name, queued bool
 	for i := 0; ; i++ {
-		err := l.conn.QueryRow(ctx, statement("handover", "reserve"), Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to).Scan(&gate, &name, new(bool))
+		err := l.conn.QueryRow(ctx, statement("handover", "reserve"), Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to,
+			t.ClassID, t.ObjID, t.ObjSubID).Scan(&gate, &name, new(bool), &queued)
 		if err != nil {
 			return err
+		}
+		if gate && name && queued {
+			return nil
 		}
 		if gate && name {
 			break
@@ -144,8 +148,10 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 		time.Sleep(time.Millisecond)
 	}
 	deadline := time.Now().Add(within)
-	for {
-		var queued bool
+	for pause := time.Millisecond; ; pause = min(2*pause, 5*time.Millisecond) {
+		// A watcher queues a few milliseconds after the announcement: look
+		// again soon, then every 5 ms.
+		time.Sleep(pause)
 		err := l.conn.QueryRow(ctx, statement("handover", "queued"),
 			to, t.ClassID, t.ObjID, t.ObjSubID).Scan(&queued)
 		if err == nil && !queued && time.Now().After(deadline) {
@@ -160,7 +166,6 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 		if queued {
 			return nil
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -27,7 +27,12 @@ SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid
 -- Take the gate ($1, $2) and the name lock ($1, $3), and announce the
 -- reservation on $4 (payload $5) only when both were taken: the NOTIFY is
 -- an InitPlan in the CASE's THEN branch, run only when that branch is.
-SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END
+-- The last column says whether a session named $5 already waits for the
+-- key ($6, $7, $8), as the queued statement does: an heir usually does,
+-- and the reservation then needs no second round trip.
+SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END,
+  g AND n AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.classid = $6::oid AND l.objid = $7::oid AND l.objsubid = $8::int2 AND NOT l.granted AND a.application_name = $5)
 FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n, set_config('lock_timeout', '0', true) x) s
 
 -- name: queued
