@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/pgleader/pgleader v0.0.0-20261202022907-a01c892871d0
+	github.com/pgleader/pgleader v0.0.0-20261202073054-8a6aa305e66a
 	go.uber.org/goleak v1.3.0
 )
 
