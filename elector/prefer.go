@@ -128,9 +128,12 @@ func (e *Elector) prefer(t *tenure, ls lease) error {
 }
 
 // leaving hands a leaving leader's lock to the candidate it prefers most,
-// when it knows a ranked one (and no handover is set up yet).
+// when it knows a ranked one (and no handover is set up yet) that ranks
+// above an unranked candidate: unranked candidates tell no rank, and may
+// stand (a priority below 0 ranks below them).
 func (e *Elector) leaving(t *tenure, ls lease) {
-	if c := best(e.cfg.Strategy, t.cands); c != nil && t.handoverTo == "" {
+	c := best(e.cfg.Strategy, t.cands)
+	if c != nil && t.handoverTo == "" && leader.Compare(e.cfg.Strategy, c.pref, leader.Preference{}) > 0 {
 		e.handTo(t, ls, c)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -458,5 +459,26 @@ func TestScriptedRankFloodIsBounded(t *testing.T) {
 	}
 	if !sc.e.IsLeader() || sc.logs.FilterMessage("demoted").Len() != 0 {
 		t.Fatal("the flood ended the tenure")
+	}
+}
+
+// A leader that leaves hands over to a ranked candidate only when it ranks
+// above an unranked one (which tells no rank, and may stand): a candidate
+// of priority -1 gets no handover.
+func TestScriptedLeavingSkipsALowRank(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, requests: make(chan lockconn.Request)}
+	sc := runScripted(t, ls, nil)
+	sc.waitElected(t)
+	ls.requests <- lockconn.Request{PID: 77, Rank: &lockconn.Rank{Priority: -1}}
+	ls.requests <- lockconn.Request{PID: 78, Rank: &lockconn.Rank{Priority: -2}} // the first one is recorded
+	if !slices.ContainsFunc(sc.e.Status().Candidates, func(c elector.RankedCandidate) bool { return c.PID == 77 }) {
+		t.Fatalf("the first rank is not recorded: %+v", sc.e.Status().Candidates)
+	}
+	if err := sc.e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the step-down", func() (bool, string) { return ls.count("unlock") > 0, "" })
+	if n := ls.count("candidate"); n != 0 {
+		t.Fatalf("%d proofs of a candidate below the default rank: a leaving leader handed over to it", n)
 	}
 }
