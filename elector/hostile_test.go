@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
@@ -621,18 +620,7 @@ func TestLeaderKeepsLeadingInAFullLockTable(t *testing.T) {
 	key := testKey(t)
 	a := start(t, rec, opts{dsn: r.AppDSN, key: key, id: "full-a"})
 	rec.next("elected", "full-a")
-	evil := r.EvilConn(t)
-	ctx := context.Background()
-	for i := 0; ; i += 50 {
-		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	testpg.FillLockTable(t, r.EvilConn(t))
 	waitRounds(t, []*running{a}, 10)
 	// Its tenure goes on; IsLeader is true again at the next renew (a
 	// loaded machine may have let the 500 ms trust window lapse while a

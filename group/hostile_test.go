@@ -2,7 +2,6 @@ package group_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/inspect"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
@@ -229,19 +227,7 @@ func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
 	// Fill the table: a session of the other role takes locks until the
 	// server refuses (SQLSTATE 53200).
 	evil := r.EvilConn(t)
-	ctx := context.Background()
-	held := 0
-	for i := 0; ; i += 50 {
-		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		held += 50
-	}
+	held := testpg.FillLockTable(t, evil)
 	t.Logf("another role holds %d advisory locks", held)
 	if err := m.g.SetKeys(append(first, more...)); err != nil {
 		t.Fatal(err)
@@ -269,7 +255,7 @@ func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
 		}
 	}
 	w.mu.Unlock()
-	if _, err := evil.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+	if _, err := evil.Exec(context.Background(), "SELECT pg_advisory_unlock_all()"); err != nil {
 		t.Fatal(err)
 	}
 	balanced(t, w, len(first)+len(more), 30, 30, "m-a")

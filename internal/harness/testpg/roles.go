@@ -2,6 +2,7 @@ package testpg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Roles are two roles made for one test on a shared database: App, the
@@ -64,6 +66,25 @@ func (r *Roles) EvilConn(t testing.TB) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// FillLockTable has conn take advisory locks, 50 a statement, until the
+// server's shared lock table is full (SQLSTATE 53200); it returns how many
+// it holds. The locks are conn's until it closes or unlocks them all.
+func FillLockTable(t testing.TB, conn *pgx.Conn) int {
+	t.Helper()
+	held := 0
+	for i := 0; ; i += 50 {
+		_, err := conn.Exec(context.Background(), "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
+			return held
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += 50
+	}
 }
 
 // Shadow sets App's search_path to put public before pg_catalog, lets Evil

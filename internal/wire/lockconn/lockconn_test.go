@@ -905,16 +905,7 @@ func TestAnnounceInAFullLockTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	evil := r.EvilConn(t)
-	for i := 0; ; i += 50 {
-		_, err := evil.Exec(ctx, "SELECT pg_advisory_lock(k) FROM generate_series($1::int8, $1::int8 + 49) k", int64(1<<40+i))
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "53200" {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	testpg.FillLockTable(t, evil)
 	// Take the last slots the evil session's failed statement gave back.
 	for i := 0; ; i++ {
 		if _, err := evil.Exec(ctx, "SELECT pg_advisory_lock($1::int8)", int64(1<<41+i)); err != nil {
