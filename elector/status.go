@@ -48,8 +48,10 @@ type Status struct {
 	Version  string
 	Strategy leader.Strategy
 	// Candidates are, while this elector leads, the ranks candidates told
-	// it (ranked candidates only; a rank is proven only when the leader
-	// hands over to it), and Why says why it leads: "first come" (no
+	// it (ranked candidates only; one that ranks above the leader is
+	// proven as it arrives, and dropped when the proof fails; the others
+	// are claims until the leader hands over to one), and Why says why it
+	// leads: "first come" (no
 	// candidate it heard of ranks above or below it), "preferred (...)"
 	// (it ranks above every one), or "handing over to a preferred
 	// candidate (...)". Both are empty while it follows.

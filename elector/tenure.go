@@ -320,7 +320,7 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 	rctx, cancel := context.WithDeadline(context.Background(), t.trust.closes())
 	var err error
 	if announce {
-		err = e.announce(t, ls, rctx)
+		err = e.announce(rctx, t, ls)
 	} else {
 		err = ls.Renew(rctx, e.target)
 	}
@@ -344,7 +344,7 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 // the announcement, the check in front of it still proved the lock: the
 // renew succeeds and the announcement is sent again later (followers
 // still find the leader by their own lookups).
-func (e *Elector) announce(t *tenure, ls lease, ctx context.Context) error {
+func (e *Elector) announce(ctx context.Context, t *tenure, ls lease) error {
 	t.announced = time.Now()
 	err := ls.Announce(ctx, e.target)
 	switch {
