@@ -200,11 +200,12 @@ func TestHighestPriorityLeads(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "prio-4 demoted", func() (bool, string) { return rec.count("demoted", "prio-4") > demoted, "" })
-	top("prio-4", before+1)
+	top("prio-4", before)
 	// (An heir's election, then prio-4's; on a slow machine the heir may
-	// hand over to prio-3 before prio-4 is back.)
-	if got := rec.elections()[before:]; len(got) < 2 || len(got) > 3 || slices.Index(got, "prio-4") != len(got)-1 {
-		t.Fatalf("after prio-4's session was killed: elections %v, want an heir's, then prio-4's", got)
+	// hand over to prio-3 before prio-4 is back, or prio-4, back before
+	// an heir's next round, may take the free lock itself.)
+	if got := rec.elections()[before:]; len(got) > 3 || slices.Index(got, "prio-4") != len(got)-1 {
+		t.Fatalf("after prio-4's session was killed: elections %v, want at most an heir's and prio-3's, then prio-4's", got)
 	}
 }
 
@@ -288,8 +289,9 @@ func TestForgedRankMovesNothing(t *testing.T) {
 }
 
 // A leader that leaves hands over to the candidate it prefers most, not
-// to whichever heir the server grants the lock: here the two heirs (the
-// first two followers) rank lowest, and a watcher ranks highest.
+// to whichever heir the server grants the lock: here the first heir
+// (queued first, so granted first) ranks lowest, the second heir highest,
+// and a watcher in between.
 func TestLeavingLeaderHandsToPreferred(t *testing.T) {
 	srv := sharedServer(t)
 	rec := newRecorder(t)
@@ -297,15 +299,15 @@ func TestLeavingLeaderHandsToPreferred(t *testing.T) {
 	ldr := startRanked(t, rec, srv.DSN(), key, "leaving-5", leader.ByPriority, 5, "")
 	rec.next("elected", "leaving-5")
 	startRanked(t, rec, srv.DSN(), key, "heir-1", leader.ByPriority, 1, "")
-	startRanked(t, rec, srv.DSN(), key, "heir-2", leader.ByPriority, 2, "")
 	knows(t, ldr, "", 1)
-	knows(t, ldr, "", 2)
-	startRanked(t, rec, srv.DSN(), key, "watcher-3", leader.ByPriority, 3, "")
+	startRanked(t, rec, srv.DSN(), key, "heir-3", leader.ByPriority, 3, "")
 	knows(t, ldr, "", 3)
+	startRanked(t, rec, srv.DSN(), key, "watcher-2", leader.ByPriority, 2, "")
+	knows(t, ldr, "", 2)
 	ldr.stop()
 	rec.next("elected", "")
-	if got := rec.elections(); !slices.Equal(got, []string{"leaving-5", "watcher-3"}) {
-		t.Fatalf("elections %v, want [leaving-5 watcher-3]", got)
+	if got := rec.elections(); !slices.Equal(got, []string{"leaving-5", "heir-3"}) {
+		t.Fatalf("elections %v, want [leaving-5 heir-3]", got)
 	}
 }
 

@@ -20,6 +20,7 @@ var (
 	keys     = flag.Int("chaos.keys", 100, "keys of TestChaosGroup's group")
 	members  = flag.Int("chaos.members", 3, "members of TestChaosGroup's group (plus one that reaches only the standby)")
 	hostile  = flag.Duration("chaos.hostile-duration", 20*time.Second, "how long TestChaosHostile and TestChaosGroupHostile inject faults")
+	ranked   = flag.Duration("chaos.ranked-duration", 20*time.Second, "how long TestChaosRanked injects faults")
 )
 
 func TestMain(m *testing.M) {
@@ -83,6 +84,21 @@ func TestChaosHostile(t *testing.T) {
 	}
 	if r.Hostile["notifications"] == 0 {
 		t.Fatal("the hostile tenant sent nothing")
+	}
+}
+
+// TestChaosRanked is TestChaos with ranked electors (priorities 0, 1, 2):
+// preference handovers, and leaving leaders' handovers to the best
+// candidate, happen among the faults, and every check still holds.
+func TestChaosRanked(t *testing.T) {
+	s := *seed
+	if s == 0 {
+		s = time.Now().UnixNano() % 1_000_000
+	}
+	r := Run(t, Config{Seed: s, Duration: *ranked, Failover: true, Ranked: true})
+	t.Log("\n" + r.Summary())
+	if !r.OK() {
+		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
 	}
 }
 

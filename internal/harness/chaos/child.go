@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,7 @@ func ChildMain(role string) int {
 	em := testpg.NewEmitter(os.Stdout)
 	dsn, id := os.Getenv("CHAOS_DSN"), os.Getenv("CHAOS_ID")
 	key := leader.KeyFromName(os.Getenv("CHAOS_KEY"))
+	priority, _ := strconv.Atoi(os.Getenv("CHAOS_PRIORITY"))
 	ctx, cancel := context.WithCancel(context.Background())
 	var drain atomic.Int64
 	var el atomic.Pointer[elector.Elector]
@@ -81,7 +83,7 @@ func ChildMain(role string) int {
 	}
 	starve := newStarveWatch(ctx)
 	e, err := elector.New(elector.Config{
-		Connect: elector.DSN(dsn), Key: key, Identity: id,
+		Connect: elector.DSN(dsn), Key: key, Identity: id, Priority: priority,
 		RenewInterval: Interval, RenewDeadline: Deadline, LeaseDuration: Lease, ReleaseTimeout: ReleaseTimeout,
 		Fencing:  elector.Fencing{Enabled: true},
 		Observer: starve,

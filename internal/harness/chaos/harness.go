@@ -44,6 +44,10 @@ type Config struct {
 	// shadowed, and that role forges notifications, squats pgleader's
 	// locks and fills the lock table.
 	Hostile bool
+	// Ranked gives the electors priorities 0, 1 and 2 in turn
+	// (elector.Config.Priority): leaders hand over to preferred
+	// candidates, and leaving ones to the best, beside the faults.
+	Ranked bool
 }
 
 // AllFaults are the fault types the schedule draws from.
@@ -63,7 +67,8 @@ type proc struct {
 // Report is what a run found.
 type Report struct {
 	Seed       int64
-	Keys       int // a group's keys; 0 for a single election
+	Keys       int  // a group's keys; 0 for a single election
+	Ranked     bool // the electors had priorities (Config.Ranked)
 	Faults     map[string]int
 	Recovery   map[string][]time.Duration // fault healed -> a leader again
 	Failover   map[string][]time.Duration // fault injected -> the next election
@@ -130,7 +135,7 @@ func Run(t testing.TB, cfg Config) *Report {
 		cfg.Keys = 100
 	}
 	h := &harness{t: t, cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), key: fmt.Sprintf("chaos-%d", cfg.Seed),
-		report: &Report{Seed: cfg.Seed, Keys: cfg.Keys, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}, Failover: map[string][]time.Duration{}}}
+		report: &Report{Seed: cfg.Seed, Keys: cfg.Keys, Ranked: cfg.Ranked, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}, Failover: map[string][]time.Duration{}}}
 	// A standby reconnects to a restarted primary after
 	// wal_retrieve_retry_interval; with synchronous replication commits
 	// wait for it, so keep it short.
@@ -252,7 +257,12 @@ func (h *harness) spawnOn(role string, standbyOnly bool) *proc {
 		user = h.roles.App
 	}
 	dsn := fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable&connect_timeout=3%s", user, joinHostPorts(hosts, ports), attrs)
-	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key, fmt.Sprintf("CHAOS_KEYS=%d", h.cfg.Keys))
+	prio := 0
+	if h.cfg.Ranked {
+		prio = h.seq % 3
+	}
+	p.child = testpg.StartChild(h.t, role, "CHAOS_DSN="+dsn, "CHAOS_ID="+id, "CHAOS_KEY="+h.key, fmt.Sprintf("CHAOS_KEYS=%d", h.cfg.Keys),
+		fmt.Sprintf("CHAOS_PRIORITY=%d", prio))
 	h.procs = append(h.procs, p)
 	return p
 }
@@ -1049,6 +1059,8 @@ func (r *Report) Summary() string {
 		test = "'TestChaosGroup$'"
 	case r.Hostile != nil:
 		test = "TestChaosHostile"
+	case r.Ranked:
+		test = "TestChaosRanked"
 	}
 	fmt.Fprintf(&b, "reproduce: go test ./internal/harness/chaos -run %s -chaos.seed=%d\n", test, r.Seed)
 	return b.String()
