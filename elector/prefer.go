@@ -15,15 +15,16 @@ import (
 // candidate tells each new leader it sees its rank, with one NOTIFY on the
 // key's resign channel, addressed to the leader's backend (tellRank). The
 // leader keeps the ranks it heard (candidates in its tenure); NOTIFY is
-// not authenticated, so a rank is only a claim, and costs the leader no
-// query until it would act on it: when the candidate it prefers most is
-// preferred to itself and has stood for PreferredDelay, the leader proves
-// from pg_locks and pg_stat_activity that the sender's backend (the pid
-// the server stamped on the notification) is a session of its own login
-// role standing for the key, takes its name from there, and hands over to
-// it with the reserved handover of RequestResign(..., to). A leader that
-// leaves (Resign, Run's context, OnElected returning) hands over the same
-// way to the candidate it prefers most, whoever it is.
+// not authenticated, so a rank is only a claim. When the candidate it
+// prefers most is preferred to itself, the leader proves at once (within
+// the resign requests' budget, off the handover's path) from pg_locks and
+// pg_stat_activity that the sender's backend (the pid the server stamped
+// on the notification) is a session of its own login role standing for
+// the key, and takes its name from there; once that candidate has stood
+// for PreferredDelay, it hands over to it with the reserved handover of
+// RequestResign(..., to). A leader that leaves (Resign, Run's context,
+// OnElected returning) hands over the same way to the candidate it
+// prefers most, when that one ranks above an unranked candidate.
 
 // candidate is a rank a candidate told this leader.
 type candidate struct {
@@ -38,7 +39,8 @@ type candidate struct {
 
 const (
 	// maxCandidates bounds the ranks a leader keeps (a flood of forged
-	// ones costs a map entry each, and no query).
+	// ones costs a map entry each, and queries only within the proofs'
+	// budget).
 	maxCandidates = 256
 	// rankRefusedFor: a sender whose rank could not be proven, or whose
 	// handover failed, is not heard again for this long.
