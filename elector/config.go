@@ -166,9 +166,9 @@ type Config struct {
 	// leader that leaves hands over to the candidate it prefers most. A
 	// tie keeps the leader. Every candidate of a key should use the same
 	// Strategy. A rank is believed only from a session of the leader's
-	// own login role that stands for the key; it costs a notification per
-	// candidate and new leader, and nothing while every candidate is
-	// unranked (Priority 0, no Version, the default).
+	// own login role that stands for the key; it costs two notifications
+	// per ranked candidate and new leader, and nothing while every
+	// candidate is unranked (Priority 0, no Version, the default).
 	Priority int
 	// Version is this candidate's semantic version ("1.4.2"), compared
 	// under NewestVersion and OldestVersion. At most 64 bytes.
