@@ -198,6 +198,21 @@ func demotedWith(t *testing.T, demoted <-chan error, want error, none string) {
 	}
 }
 
+// leadingThree is a scripted member of 3 keys whose OnDemoted reasons go
+// to demoted, after a first scan round that led all three.
+func leadingThree(t *testing.T) (*Group, []leader.Key, *scriptWire, chan error) {
+	t.Helper()
+	demoted := make(chan error, 4)
+	g, keys := scripted(t, 3, func(c *Config) {
+		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
+	})
+	w := newScriptWire("me")
+	if err := g.round(context.Background(), w, scanRound); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	return g, keys, w, demoted
+}
+
 func (g *Group) leading() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -299,15 +314,8 @@ func TestScriptedBusyTermThenAdopted(t *testing.T) {
 // that key alone, with ErrLockLost, and the member takes it again only
 // after its OnDemoted ran.
 func TestScriptedLostKeyEndsAlone(t *testing.T) {
-	demoted := make(chan error, 4)
-	g, keys := scripted(t, 3, func(c *Config) {
-		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
-	})
-	w := newScriptWire("me")
+	g, keys, w, demoted := leadingThree(t)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
-		t.Fatalf("first round: %v, leading %d", err, g.leading())
-	}
 	w.mu.Lock()
 	delete(w.held, tagOf(keys[0]))
 	w.mu.Unlock()
@@ -571,15 +579,8 @@ func TestScriptedFaultDuringStopDrainIsTheReason(t *testing.T) {
 // window without a scan, and a key missing from the server (here dropped
 // behind the member's back) is found by the next scan round, not before.
 func TestScriptedFullRoundProvesTheSession(t *testing.T) {
-	demoted := make(chan error, 4)
-	g, keys := scripted(t, 3, func(c *Config) {
-		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
-	})
-	w := newScriptWire("me")
+	g, keys, w, demoted := leadingThree(t)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
-		t.Fatalf("first round: %v, leading %d", err, g.leading())
-	}
 	g.mu.Lock()
 	g.st.trustEnd = time.Now().Add(-time.Millisecond)
 	g.mu.Unlock()

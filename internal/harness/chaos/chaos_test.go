@@ -30,19 +30,27 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// runChecked runs cfg with the -chaos.seed seed (time-based when 0), logs
+// the summary, and fails the test on any violation.
+func runChecked(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	cfg.Seed = *seed
+	if cfg.Seed == 0 {
+		cfg.Seed = time.Now().UnixNano() % 1_000_000
+	}
+	r := Run(t, cfg)
+	t.Log("\n" + r.Summary())
+	if !r.OK() {
+		t.Fatalf("chaos found violations (seed %d):\n%s", cfg.Seed, r.Summary())
+	}
+	return r
+}
+
 // TestChaos runs the seeded fault schedule against 5 elector processes and
 // checks every invariant. A short run is part of go test ./...; run it
 // longer with -chaos.duration=30m -chaos.seed=N.
 func TestChaos(t *testing.T) {
-	s := *seed
-	if s == 0 {
-		s = time.Now().UnixNano() % 1_000_000
-	}
-	r := Run(t, Config{Seed: s, Duration: *duration, Failover: true})
-	t.Log("\n" + r.Summary())
-	if !r.OK() {
-		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
-	}
+	r := runChecked(t, Config{Duration: *duration, Failover: true})
 	if r.Tenures < 3 {
 		t.Fatalf("only %d tenures: the schedule did not exercise failover", r.Tenures)
 	}
@@ -53,15 +61,7 @@ func TestChaos(t *testing.T) {
 // fencing terms and fenced writes, callback pairs, slow drains, the
 // standby; liveness means every key led again.
 func TestChaosGroup(t *testing.T) {
-	s := *seed
-	if s == 0 {
-		s = time.Now().UnixNano() % 1_000_000
-	}
-	r := Run(t, Config{Seed: s, Duration: *groupDur, Failover: true, Group: true, Keys: *keys, Electors: *members})
-	t.Log("\n" + r.Summary())
-	if !r.OK() {
-		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
-	}
+	r := runChecked(t, Config{Duration: *groupDur, Failover: true, Group: true, Keys: *keys, Electors: *members})
 	if r.Tenures < 2**keys {
 		t.Fatalf("only %d tenures for %d keys: the schedule did not move keys", r.Tenures, *keys)
 	}
@@ -73,15 +73,7 @@ func TestChaosGroup(t *testing.T) {
 // table. Every invariant must hold, and no elector may be told of a
 // leader that is not one of them.
 func TestChaosHostile(t *testing.T) {
-	s := *seed
-	if s == 0 {
-		s = time.Now().UnixNano() % 1_000_000
-	}
-	r := Run(t, Config{Seed: s, Duration: *hostile, Failover: true, Hostile: true})
-	t.Log("\n" + r.Summary())
-	if !r.OK() {
-		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
-	}
+	r := runChecked(t, Config{Duration: *hostile, Failover: true, Hostile: true})
 	if r.Hostile["notifications"] == 0 {
 		t.Fatal("the hostile tenant sent nothing")
 	}
@@ -91,28 +83,15 @@ func TestChaosHostile(t *testing.T) {
 // preference handovers, and leaving leaders' handovers to the best
 // candidate, happen among the faults, and every check still holds.
 func TestChaosRanked(t *testing.T) {
-	s := *seed
-	if s == 0 {
-		s = time.Now().UnixNano() % 1_000_000
-	}
-	r := Run(t, Config{Seed: s, Duration: *ranked, Failover: true, Ranked: true})
-	t.Log("\n" + r.Summary())
-	if !r.OK() {
-		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
+	r := runChecked(t, Config{Duration: *ranked, Failover: true, Ranked: true})
+	if r.Tenures < 3 {
+		t.Fatalf("only %d tenures: the schedule did not exercise failover", r.Tenures)
 	}
 }
 
 // TestChaosGroupHostile is TestChaosHostile for the members of a group.
 func TestChaosGroupHostile(t *testing.T) {
-	s := *seed
-	if s == 0 {
-		s = time.Now().UnixNano() % 1_000_000
-	}
-	r := Run(t, Config{Seed: s, Duration: *hostile, Failover: true, Group: true, Keys: *keys, Electors: *members, Hostile: true})
-	t.Log("\n" + r.Summary())
-	if !r.OK() {
-		t.Fatalf("chaos found violations (seed %d):\n%s", s, r.Summary())
-	}
+	r := runChecked(t, Config{Duration: *hostile, Failover: true, Group: true, Keys: *keys, Electors: *members, Hostile: true})
 	if r.Hostile["notifications"] == 0 {
 		t.Fatal("the hostile tenant sent nothing")
 	}
