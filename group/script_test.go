@@ -198,6 +198,21 @@ func demotedWith(t *testing.T, demoted <-chan error, want error, none string) {
 	}
 }
 
+// sharingWithB is a scripted member of 8 keys beside member "b", after a
+// first scan round that shared the keys between the two.
+func sharingWithB(t *testing.T) (*Group, *scriptWire) {
+	t.Helper()
+	g, _ := scripted(t, 8, nil)
+	w := newScriptWire("b", "me")
+	if err := g.round(context.Background(), w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	if mine := g.leading(); mine == 0 || mine == 8 {
+		t.Fatalf("leading %d of 8 with two members", mine)
+	}
+	return g, w
+}
+
 // leadingThree is a scripted member of 3 keys whose OnDemoted reasons go
 // to demoted, after a first scan round that led all three.
 func leadingThree(t *testing.T) (*Group, []leader.Key, *scriptWire, chan error) {
@@ -734,16 +749,8 @@ func TestScriptedAdoptMeetsFullTable(t *testing.T) {
 // scan; a scan that still lists it (its backend still releasing its
 // locks) does not hand them back, and asks for another scan soon.
 func TestScriptedGoneTakesKeysBeforeScan(t *testing.T) {
-	g, _ := scripted(t, 8, nil)
-	w := newScriptWire("b", "me")
+	g, w := sharingWithB(t)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatal(err)
-	}
-	mine := g.leading()
-	if mine == 0 || mine == 8 {
-		t.Fatalf("leading %d of 8 with two members", mine)
-	}
 	g.mu.Lock()
 	g.st.pids[777] = "b"
 	g.mu.Unlock()
@@ -835,12 +842,8 @@ func TestScriptedHintHeldBack(t *testing.T) {
 // releasing 33,000 locks takes more than a moment), and is listed again
 // once RenewDeadline has passed since the report.
 func TestScriptedGoneStaysOutWhileListed(t *testing.T) {
-	g, _ := scripted(t, 8, nil)
-	w := newScriptWire("b", "me")
+	g, w := sharingWithB(t)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatal(err)
-	}
 	g.mu.Lock()
 	g.memberGone("b")
 	g.gone["b"] = time.Now().Add(-time.Second) // reported a second ago
@@ -873,12 +876,8 @@ func TestScriptedGoneStaysOutWhileListed(t *testing.T) {
 // by its watcher after this session began) stays in its own members, at
 // once and at the next scan: it must not hand its keys over.
 func TestScriptedGoneNamingSelf(t *testing.T) {
-	g, _ := scripted(t, 8, nil)
-	w := newScriptWire("b", "me")
+	g, w := sharingWithB(t)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatal(err)
-	}
 	mine := g.leading()
 	g.mu.Lock()
 	g.st.pids[777] = "b"
