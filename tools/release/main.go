@@ -3,6 +3,7 @@
 //
 //	go run ./tools/release rehearse   # CI: what a release would serve, proven with GOWORK=off
 //	go run ./tools/release pin        # after a commit a nested module needs: require that commit
+//	go run ./tools/release work       # go.work's replace directives to match the pinned requirements
 //
 // The repository holds several modules: the core (the root) and the
 // nested ones (contrib/*, cmd/pgleader, examples, tools), each released
@@ -63,7 +64,7 @@ type mod struct {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: release rehearse | pin")
+		fmt.Fprintln(os.Stderr, "usage: release rehearse | pin | work")
 		os.Exit(2)
 	}
 	root, err := repoRoot()
@@ -73,6 +74,11 @@ func main() {
 			err = rehearse(root)
 		case "pin":
 			err = pin(root)
+		case "work":
+			var ms []mod
+			if ms, err = modules(root); err == nil {
+				err = syncWork(root, ms, true)
+			}
 		default:
 			err = fmt.Errorf("unknown command %q", os.Args[1])
 		}
@@ -339,6 +345,9 @@ func rehearse(root string) error {
 	if err != nil {
 		return err
 	}
+	if err := syncWork(root, ms, false); err != nil {
+		return err
+	}
 	e := env(proxyDir)
 	step := func(format string, args ...any) { fmt.Printf("release: "+format+"\n", args...) }
 	step("proxy of %d modules at %s, from HEAD (%s)", len(ms), Rehearsal, proxyDir)
@@ -454,8 +463,10 @@ func rehearse(root string) error {
 
 // pin makes every nested module require HEAD's commit of each repository
 // module it imports (its pseudo-version), with go.sum lines to match, and
-// drops replace directives. Commit the result: its nested modules then
-// resolve with GOWORK=off.
+// drops replace directives; go.work then replaces those versions by their
+// directories (syncWork), so that the workspace builds before the commit is
+// public. Commit the result: its nested modules then resolve with
+// GOWORK=off.
 func pin(root string) error {
 	if out, err := git(root, "status", "--porcelain", "--", "*go.mod", "*go.sum", "*.go"); err != nil || strings.TrimSpace(out) != "" {
 		return fmt.Errorf("commit first: pin names HEAD's commit, and the tree has changes: %s%v", out, err)
@@ -516,5 +527,5 @@ func pin(root string) error {
 		}
 		fmt.Printf("release: %s requires this repository's modules at %s\n", m.Path, v)
 	}
-	return nil
+	return syncWork(root, ms, true)
 }
