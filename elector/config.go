@@ -111,9 +111,10 @@ type Config struct {
 	// block.
 	Observer leader.Observer
 
-	// RenewInterval is how often the leader checks that it holds the lock,
-	// and how long a follower's lock wait lasts before it starts a new
-	// campaign round. Default 1s.
+	// RenewInterval is how often the leader checks that it holds the lock
+	// (and, for a follower whose role cannot create its session functions,
+	// how long its lock wait lasts before it starts a new campaign round).
+	// Default 1s.
 	RenewInterval time.Duration
 	// RenewDeadline is the trust window: the leader steps down when no
 	// renew has succeeded within RenewDeadline of when the last successful
@@ -121,7 +122,9 @@ type Config struct {
 	RenewDeadline time.Duration
 	// LeaseDuration is the server-side lease: the session's
 	// idle_session_timeout (PostgreSQL 14+), after which the server ends a
-	// silent leader's session and frees the lock. Default 6s.
+	// silent leader's session and frees the lock. It is also how long an
+	// heir's lock wait lasts (under deadlock_timeout while the server's
+	// log_lock_waits is on) and how often a watcher polls. Default 6s.
 	LeaseDuration time.Duration
 	// ReleaseTimeout bounds how long a gracefully stepping-down leader (a
 	// Resign, Run's context ending, OnElected returning) keeps the lock

@@ -14,8 +14,11 @@ func UseLease(e *Elector, ls Lease) {
 	e.open = func(context.Context) (lease, error) { return ls, nil }
 }
 
-// FollowerWait is e.followerWait, for its table test.
-func FollowerWait(e *Elector, deadlock time.Duration) time.Duration { return e.followerWait(deadlock) }
+// Spread is e.spread, for its table test.
+func Spread(e *Elector, deadlock time.Duration) time.Duration { return e.spread(deadlock) }
+
+// HeirWait is e.heirWait.
+func HeirWait(e *Elector) time.Duration { return e.heirWait() }
 
 // SetObservePoll sets Observe's holder lookup interval; it returns the
 // previous one.
@@ -28,3 +31,23 @@ func SetObservePoll(d time.Duration) time.Duration {
 // SemaphoreCallbacks returns the callbacks s gives slot i's Elector: a
 // seam to drive two slots granted at nearly the same moment.
 func SemaphoreCallbacks(s *Semaphore, i int) Callbacks { return s.callbacks(i) }
+
+// WrapLease makes e open its real sessions, each passed through wrap.
+func WrapLease(e *Elector, wrap func(Lease) Lease) {
+	open := e.openLease
+	e.open = func(ctx context.Context) (lease, error) {
+		ls, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(ls), nil
+	}
+}
+
+// SetFullProofEvery sets how many renews go between two that read
+// pg_locks; it returns the value before.
+func SetFullProofEvery(n int) int {
+	old := fullProofEvery
+	fullProofEvery = n
+	return old
+}

@@ -30,6 +30,7 @@ type coreLease interface {
 	Campaign(ctx context.Context, t *lockconn.Target, try bool) (lockconn.Round, error)
 	Confirm(ctx context.Context, t *lockconn.Target) (term int64, err error)
 	Renew(ctx context.Context, t *lockconn.Target) error
+	RenewSession(ctx context.Context, t *lockconn.Target) error
 	Announce(ctx context.Context, t *lockconn.Target) error
 	WaitIdle(ctx context.Context, t *lockconn.Target, until time.Time) (lockconn.Request, error)
 	Record(ctx context.Context, sql string, args ...any) error
@@ -139,8 +140,8 @@ func (e *Elector) ensureTables(ctx context.Context, ls *lockconn.Lease) error {
 // leader the session sees now.
 func (e *Elector) watch(ctx context.Context, ls *lockconn.Lease) error {
 	c := e.cfg
-	wait := e.followerWait(ls.DeadlockTimeout())
-	q := lockconn.Quiet{Wait: wait, Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline, Lease: c.LeaseDuration,
+	wait := e.heirWait()
+	q := lockconn.Quiet{Wait: wait, Spread: e.spread(ls.DeadlockTimeout()), Poll: c.LeaseDuration, Heirs: heirs, Slack: c.RenewDeadline, Lease: c.LeaseDuration,
 		VerifyEvery: c.RenewInterval / 4}
 	quiet, holder, err := ls.Watch(ctx, e.target, q)
 	if err != nil {
@@ -171,13 +172,32 @@ func (e *Elector) watch(ctx context.Context, ls *lockconn.Lease) error {
 // does the election wait for a watcher's poll.
 const heirs = lockconn.DefaultHeirs
 
-// followerWait is how long a quiet follower round waits for the lock: below
-// the server's deadlock_timeout (four fifths of it), so that the deadlock
-// detector, which takes every lock partition, never runs for a follower;
-// and at most RenewDeadline, so that rounds stay frequent enough for the
-// probes. A waiter is granted the lock the moment it is released, whatever
-// the round length.
-func (e *Elector) followerWait(deadlock time.Duration) time.Duration {
+// heirWait is how long an heir's round waits for the lock: LeaseDuration,
+// so that an heir between handovers costs the server about what a watcher
+// does (one round per LeaseDuration), where a wait kept under
+// deadlock_timeout cost a round every 0.8 s. A waiter is granted the lock
+// the moment it is released, whatever the round length; a new leader ends
+// its heirs' waits once it has announced itself (lockconn's wake), and a
+// stopping heir's wait is cancelled. Past deadlock_timeout the server runs
+// its deadlock detector once per wait (one walk of this lock's few
+// waiters); while the server's log_lock_waits is on, which would log each
+// such wait, the session function keeps the wait under deadlock_timeout
+// instead (see lockconn.Quiet).
+func (e *Elector) heirWait() time.Duration {
+	if heirWaitForTests > 0 {
+		return heirWaitForTests
+	}
+	return max(e.cfg.LeaseDuration, time.Millisecond)
+}
+
+// heirWaitForTests, when set, replaces heirWait's LeaseDuration: tests that
+// count an heir's rounds run them faster.
+var heirWaitForTests time.Duration
+
+// spread is how soon watchers refill an heir slot a new leader freed (see
+// lockconn.Quiet.Spread): an heir's wait before waits could outlast
+// deadlock_timeout, four fifths of it, at most RenewDeadline.
+func (e *Elector) spread(deadlock time.Duration) time.Duration {
 	w := e.cfg.RenewDeadline
 	if deadlock > 0 {
 		w = min(w, deadlock*4/5)

@@ -162,6 +162,7 @@ type opts struct {
 	lease    time.Duration
 	deadline time.Duration
 	fencing  elector.Fencing
+	wrap     func(elector.Lease) elector.Lease // each real session, passed through it
 }
 
 type running struct {
@@ -220,6 +221,9 @@ func startWith(t testing.TB, r *recorder, o opts, edit func(*elector.Config)) *r
 	e, err := elector.New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.wrap != nil {
+		elector.WrapLease(e, o.wrap)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rn := &running{e: e, err: make(chan error, 1)}

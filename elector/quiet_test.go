@@ -56,7 +56,8 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: id, deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond}))
 	}
 	first := r.next("elected", "")
-	waitRounds(t, els, 6)
+	// Two rounds each: an heir's lasts LeaseDuration, past deadlock_timeout.
+	waitRounds(t, els, 2)
 	// Resign whoever leads now: on a loaded machine the first leader's
 	// tenure may have lapsed (and another elector, or it again, leads).
 	eventually(t, "a leader resigns", func() (bool, string) {
@@ -68,12 +69,12 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 		return false, "no elector leads"
 	})
 	second := r.next("elected", "")
-	waitRounds(t, els, 6)
+	waitRounds(t, els, 2)
 	if added := serverLog(srv)[before:]; len(added) > 0 {
 		t.Fatalf("the fleet added %d lines to the server log (elected %s, then %s):\n%s", len(added), first.id, second.id, strings.Join(added, "\n"))
 	}
-	// Stopping is quiet too: an heir's lock wait is not cancelled (the
-	// server would log the cancel), it ends by itself.
+	// Stopping is quiet too: a cancel request ends an heir's lock wait,
+	// and the session function catches it.
 	for _, rn := range els {
 		rn.stop()
 	}
@@ -82,9 +83,10 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 	}
 }
 
-// Elections stay correct whatever the server's deadlock_timeout: follower
-// rounds wait below it when it is short, and at most RenewDeadline when it
-// is long.
+// Elections stay correct whatever the server's deadlock_timeout, and the
+// standing fleet logs nothing: an heir's wait runs past a short one (the
+// deadlock detector runs once per wait, and logs nothing while
+// log_lock_waits is off) and stays under a long one.
 func TestElectionsAcrossDeadlockTimeouts(t *testing.T) {
 	for _, dt := range []string{"100ms", "10s"} {
 		t.Run(dt, func(t *testing.T) {
@@ -120,7 +122,7 @@ func TestElectionsAcrossDeadlockTimeouts(t *testing.T) {
 				}
 			}
 			before := len(serverLog(srv))
-			waitRounds(t, []*running{els["dt-1"], els["dt-2"], els["dt-3"]}, 4)
+			waitRounds(t, []*running{els["dt-1"], els["dt-2"], els["dt-3"]}, 2)
 			if added := serverLog(srv)[before:]; len(added) > 0 {
 				t.Fatalf("standing fleet logged:\n%s", strings.Join(added, "\n"))
 			}
@@ -187,9 +189,11 @@ func TestDefaultRoleIsQuiet(t *testing.T) {
 	}
 }
 
-// A quiet round waits four fifths of the server's deadlock_timeout, so the
-// deadlock detector never runs for it, and at most RenewDeadline.
-func TestFollowerWaitStaysUnderDeadlockTimeout(t *testing.T) {
+// An heir's round waits LeaseDuration (the session function cuts it while
+// the server logs lock waits: TestHeirWaitWhileLockWaitsAreLogged). The
+// watchers' refill spread is four fifths of deadlock_timeout, at most
+// RenewDeadline.
+func TestHeirWaitAndSpread(t *testing.T) {
 	e, err := elector.New(elector.Config{
 		Connect: elector.DSN("postgres://u@127.0.0.1:1/db"), Key: testKey(t),
 		Callbacks:     elector.Callbacks{OnElected: func(context.Context, leader.Leadership) {}},
@@ -198,6 +202,9 @@ func TestFollowerWaitStaysUnderDeadlockTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := elector.HeirWait(e); got != 6*time.Second {
+		t.Errorf("heir wait %s, want LeaseDuration", got)
+	}
 	for _, tt := range []struct{ deadlock, want time.Duration }{
 		{time.Second, 800 * time.Millisecond},
 		{100 * time.Millisecond, 80 * time.Millisecond},
@@ -205,8 +212,8 @@ func TestFollowerWaitStaysUnderDeadlockTimeout(t *testing.T) {
 		{0, 3 * time.Second},                // unknown: RenewDeadline
 		{time.Millisecond, time.Millisecond},
 	} {
-		if got := elector.FollowerWait(e, tt.deadlock); got != tt.want {
-			t.Errorf("deadlock_timeout %s: wait %s, want %s", tt.deadlock, got, tt.want)
+		if got := elector.Spread(e, tt.deadlock); got != tt.want {
+			t.Errorf("deadlock_timeout %s: spread %s, want %s", tt.deadlock, got, tt.want)
 		}
 	}
 }

@@ -107,6 +107,10 @@ func (s *scriptLease) Confirm(ctx context.Context, t *lockconn.Target) (int64, e
 	return 1, nil
 }
 
+func (s *scriptLease) RenewSession(ctx context.Context, t *lockconn.Target) error {
+	return s.Renew(ctx, t)
+}
+
 func (s *scriptLease) Renew(ctx context.Context, t *lockconn.Target) error {
 	s.record("renew")
 	if err := ctx.Err(); err != nil {

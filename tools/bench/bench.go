@@ -78,6 +78,7 @@ throwaway server.
 	loadWindow := fs.Duration("dbload-window", 20*time.Second, "how long dbload measures each fleet's server CPU and log lines")
 	loadPairs := fs.Int("dbload-pairs", 5, "alternated pgbench pairs (without, with the fleet) per fleet size")
 	loadLeaders := fs.Int("dbload-leaders", 200, "leaders, each on a key of its own, for dbload's renew cost (0: skip)")
+	loadKeyed := fs.Int("dbload-keyed", 100, "keys, each with 3 electors (a leader and two heirs), for dbload's cost of separate Electors per key (0: skip)")
 	groupKeys := fs.Int("group-keys", 1000, "keys of the group scenario's kill, join and resign runs (3 members)")
 	groupRuns := fs.Int("group-runs", 10, "kill-and-join runs of the group scenario (and three times as many resigns)")
 	groupSingle := fs.Bool("group-single", false, "run the group scenario's members with SingleConnection (no crash watch), for comparison")
@@ -104,7 +105,7 @@ throwaway server.
 		}
 		sizes = append(sizes, n)
 	}
-	maxConns := max(*crowd, slices.Max(sizes), *loadLeaders) + 40
+	maxConns := max(*crowd, slices.Max(sizes), *loadLeaders, 3**loadKeyed) + 40
 	opts := pgtemp.Options{MaxConnections: maxConns}
 	if strings.Contains(*scen, "group") {
 		// The lock table must hold the largest group's keys twice over
@@ -148,7 +149,7 @@ throwaway server.
 			case "prefer":
 				err = b.prefer(b.runs)
 			case "dbload":
-				err = b.dbload(sizes, *loadLeaders, *loadWindow, *loadPairs)
+				err = b.dbload(sizes, *loadLeaders, *loadKeyed, *loadWindow, *loadPairs)
 			case "group":
 				resigns := *groupResigns
 				if resigns == 0 {

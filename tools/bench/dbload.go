@@ -23,7 +23,7 @@ import (
 // (the throwaway server's only); and pgbench -S throughput with and without
 // the fleet, alternated in pairs so drift cancels, with a 3-elector fleet's
 // ratio as the noise reference.
-func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs int) error {
+func (b *bencher) dbload(sizes []int, leaders, keyed int, window time.Duration, pairs int) error {
 	measure := func(scen, what string, n int, keys int) error {
 		// Log lines count over the fleet's whole life too: its start (the
 		// campaigns, the first election), its standing, and its stop (every
@@ -34,6 +34,8 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 			return err
 		}
 		time.Sleep(2 * time.Second) // the first rounds done
+		var locks int
+		_ = b.admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_catalog.pg_locks").Scan(&locks)
 		// The window in three slices, and the median slice's CPU: a
 		// checkpoint or an autovacuum run in one slice is the server's
 		// own business, not the fleet's.
@@ -51,13 +53,19 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 		life := b.lifeLines(life0, "dbload-")
 		if cpu >= 0 && b.srv != nil {
 			target := ""
-			if n == 200 && keys == 1 {
+			switch {
+			case n == 200 && keys == 1:
 				target = "<= 2"
+			case keys == 100 && n == 300:
+				target = "<= 3"
 			}
 			b.add(scen, "server CPU, "+what, "% core", target, []float64{100 * cpu})
-			if keys == 1 {
+			switch {
+			case keys == 1:
 				b.add(scen, "server CPU per follower", "us/s", "flat in n", []float64{1e6 * cpu / float64(n-1)})
-			} else {
+			case n > keys:
+				b.add(scen, "server CPU per key (a leader and its heirs)", "us/s", "", []float64{1e6 * cpu / float64(keys)})
+			default:
 				b.add(scen, "server CPU per renew", "ms", "", []float64{1000 * cpu / (float64(keys) / elector.DefaultRenewInterval.Seconds())})
 			}
 		}
@@ -66,8 +74,8 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 			b.add(scen, fmt.Sprintf("server log lines in all in %s (checkpoints too)", window), "lines", "", []float64{float64(all)})
 			b.add(scen, "server log lines from the fleet, from its start to its stop", "lines", "0", []float64{float64(life)})
 		}
-		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines from the fleet (%d in all) in %s; %d from its start to its stop\n",
-			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, all, window, life)
+		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines from the fleet (%d in all) in %s; %d from its start to its stop; %d locks in pg_locks\n",
+			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, all, window, life, locks)
 		return nil
 	}
 	for _, n := range sizes {
@@ -79,6 +87,14 @@ func (b *bencher) dbload(sizes []int, leaders int, window time.Duration, pairs i
 	// cost is their renews.
 	if n := leaders; n > 0 {
 		if err := measure(fmt.Sprintf("dbload-leaders-%d", n), fmt.Sprintf("%d leaders on %d keys (renews only)", n, n), n, n); err != nil {
+			return err
+		}
+	}
+	// Separate Electors per key, three each (a leader and two heirs): the
+	// fleet a Group replaces (docs/groups.md), and what heirs cost between
+	// handovers.
+	if k := keyed; k > 0 {
+		if err := measure(fmt.Sprintf("dbload-keyed-%d", k), fmt.Sprintf("%d keys x 3 electors", k), 3*k, k); err != nil {
 			return err
 		}
 	}
@@ -156,7 +172,13 @@ func (b *bencher) lifeLines(from int, prefix string) int {
 		return -1
 	}
 	time.Sleep(time.Second)
-	return b.srv.LogLinesOf(prefix) - from
+	n := b.srv.LogLinesOf(prefix) - from
+	if n > 0 {
+		// What they were, for the reader (the log's last lines, which
+		// may include a few of the server's own).
+		fmt.Fprintf(b.out, "bench: the server log's last lines:\n%s\n", b.srv.LogTail(min(n+5, 40)))
+	}
+	return n
 }
 
 func (b *bencher) logLines() (fleet, all int) {

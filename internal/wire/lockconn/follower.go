@@ -23,6 +23,12 @@ const (
 	// refillOneIn: after a new leader's announcement one watcher in this
 	// many polls soon, to take the heir slot the new leader freed.
 	refillOneIn = 8
+	// defaultSpread is Quiet.Spread's bound: four fifths of the default
+	// deadlock_timeout, an heir's wait before waits could outlast it.
+	defaultSpread = 800 * time.Millisecond
+	// cancelAgain: a stopping heir's round that its cancel request did not
+	// end within this long is ended by closing the connection.
+	cancelAgain = time.Second
 	// vacancySpread: after a vacancy announcement, watchers poll within
 	// this long, at random, so that a fleet does not wake the server at
 	// once.

@@ -52,12 +52,12 @@ func ParseNameMarker(query string) (string, bool) {
 // session can hold many.
 type Target struct {
 	Tag
-	holderSQL, waitSQL, trySQL, checkSQL string
-	unlockSQL                            string // a quiet session's unlock
-	bumpSQL                              string // "" without fencing
-	bumpArgs                             []any
-	mark                                 string // NameMarker of the key
-	values                               bool   // see WatchValues
+	holderSQL, waitSQL, trySQL, checkSQL, sessionSQL string
+	unlockSQL                                        string // a quiet session's unlock
+	bumpSQL                                          string // "" without fencing
+	bumpArgs                                         []any
+	mark                                             string // NameMarker of the key
+	values                                           bool   // see WatchValues
 }
 
 // WatchValues makes a quiet campaign on t look the holder up as soon as the
@@ -77,6 +77,7 @@ func NewTarget(k KeyLike, bumpSQL, keyName, identity string) *Target {
 	t.waitSQL = mark + t.AcquireSQL("pg_advisory_lock")
 	t.trySQL = mark + t.AcquireSQL("pg_try_advisory_lock")
 	t.checkSQL = mark + t.CheckSQL()
+	t.sessionSQL = mark + t.SessionCheckSQL()
 	// A quiet session's unlock also turns its server-side lease off (it
 	// holds nothing now), and when no heir took the lock at once (the
 	// probe finds it free) it announces the vacancy with an empty NOTIFY,
@@ -322,7 +323,23 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 		return err
 	}
 	l.listening = true
+	l.wake(ctx, t)
 	return nil
+}
+
+// wakeCall ends the lock waits of t's heirs (see pgleader_wake).
+const wakeCall = "SELECT pg_temp.pgleader_wake($1::oid, $2::oid, $3::int2, $4::int4[])"
+
+// wake ends the lock waits of t's heirs once this leader's announcement
+// is committed, so that they read it now rather than at their wait's end
+// (an heir's wait lasts up to Quiet.Wait). It is a courtesy to them, off
+// the handover's path: its failure changes nothing for this session (a
+// lost connection shows at the next renew).
+func (l *Lease) wake(ctx context.Context, t *Target) {
+	if !l.funcs || l.f == nil || len(l.f.slots) == 0 {
+		return
+	}
+	_, _ = l.conn.Exec(ctx, t.mark+wakeCall, l.mode(), t.ClassID, t.ObjID, t.ObjSubID, l.f.slots)
 }
 
 // checked sends t's check and then rest's statements in one round trip
@@ -407,6 +424,17 @@ func lostAfterCheck(err error) error {
 // ErrRenewDeadline.
 func (l *Lease) Renew(ctx context.Context, t *Target) error {
 	return CheckResult(l.conn.QueryRow(ctx, t.checkSQL, l.mode()), l.sess)
+}
+
+// RenewSession is Renew without pg_locks (see Tag.SessionCheckSQL): it
+// proves the session (its backend, its token, a primary) and that no other
+// session holds the lock or waits for it unless this backend holds it, at a
+// small fraction of a pg_locks read, whose cost grows with the server's
+// whole lock table. It cannot tell a lock this session holds from one it
+// lost that nobody else took: an elector runs Renew at its tenure's start
+// and every so many renews.
+func (l *Lease) RenewSession(ctx context.Context, t *Target) error {
+	return CheckResult(l.conn.QueryRow(ctx, t.sessionSQL, l.mode()), l.sess)
 }
 
 // mode is how the session sends its hot statements: a quiet session is

@@ -99,6 +99,23 @@ func (t Tag) CheckSQL() string {
 	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,EXISTS(SELECT FROM pg_locks l WHERE ` + t.where() + ` AND l.pid=pg_backend_pid()) h,pg_is_in_recovery() r`
 }
 
+// SessionCheckSQL is CheckSQL without pg_locks, for a leader's paced
+// renews: h is pg_try_advisory_xact_lock on the key, which the server
+// answers from this backend's own lock table when the backend holds the
+// lock (true, touching no shared memory: a hold the transaction's end gives
+// back) and refuses when another session holds it or waits for it. It is
+// also true when the lock is free with nobody waiting: a lock this session
+// lost (its own unlock; a session's end changes p or o) and nobody else
+// took. That case leaves no other leader, and CheckSQL, run at a tenure's
+// start and every so many renews, catches it.
+func (t Tag) SessionCheckSQL() string {
+	args := fmt.Sprintf("%d", int64(t.ClassID)<<32|int64(t.ObjID))
+	if t.ObjSubID == 2 {
+		args = fmt.Sprintf("%d,%d", int32(t.ClassID), int32(t.ObjID))
+	}
+	return `SELECT pg_backend_pid() p,current_setting('pgleader.owner',true) o,pg_try_advisory_xact_lock(` + args + `) h,pg_is_in_recovery() r`
+}
+
 // HolderSQL returns the holder's application_name and pid (no row when the
 // lock is free) and the session's own backend pid. It reads the sessions
 // with pg_stat_get_activity, not the pg_stat_activity view, whose joins

@@ -98,9 +98,16 @@ const DefaultHeirs = 2
 
 // Quiet configures a session's quiet campaign for one key.
 type Quiet struct {
-	// Wait is an heir's lock wait per round; keep it under the server's
-	// deadlock_timeout.
+	// Wait is an heir's lock wait per round. Past the server's
+	// deadlock_timeout the server runs its deadlock detector once per
+	// wait; while log_lock_waits is on the session function cuts the wait
+	// to four fifths of deadlock_timeout, as each longer wait would be
+	// logged.
 	Wait time.Duration
+	// Spread bounds how soon a watcher polls to refill the heir slot a new
+	// leader freed, and how often a vacancy hint from a pid not proven the
+	// leader's makes it poll (default: Wait, at most 800 ms).
+	Spread time.Duration
 	// Poll is a watcher's poll interval (each poll comes after 3/4 to all
 	// of it, at random, so that a fleet started together spreads out).
 	Poll time.Duration
@@ -144,6 +151,9 @@ func newFollower(t *Target, q Quiet, identity string) *follower {
 	}
 	if q.Slack <= 0 {
 		q.Slack = defaultSlack
+	}
+	if q.Spread <= 0 {
+		q.Spread = min(q.Wait, defaultSpread)
 	}
 	f := &follower{Quiet: q, heir: -1, verifyGap: q.VerifyEvery, waitSQL: t.mark + waitCall, pollSQL: t.mark + pollCall,
 		gate: t.Gate(), me: t.NameLock(identity)}
@@ -237,10 +247,12 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 }
 
 // runRound calls the heir's wait or the watcher's poll, and returns its
-// answer. An heir's wait is not cancelled by ctx (the server would log the
-// cancel as an ERROR with its statement): it ends by itself within Wait,
-// and only its client-side deadline, Wait plus Slack (a silent network),
-// interrupts it.
+// answer. An heir's wait is not interrupted by closing the connection
+// (ctx's usual effect in pgx): when ctx ends, a cancel request ends the
+// server's wait, which the function catches (no line in the server's log),
+// and the round returns as a busy one (see cancelOnDone). Otherwise only
+// its client-side deadline, Wait plus Slack (a silent network), closes the
+// connection.
 func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, error) {
 	f := l.f
 	var gate *int32
@@ -259,8 +271,10 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, e
 			dl = d
 		}
 		var cancel context.CancelFunc
+		parent := ctx
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
 		defer cancel()
+		defer l.cancelOnDone(parent, cancel)()
 	} else {
 		f.nextPoll = time.Now().Add(f.Poll*3/4 + rand.N(f.Poll/4+1))
 	}
@@ -272,6 +286,35 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, e
 		return 0, Pooling(err)
 	}
 	return code, nil
+}
+
+// cancelOnDone sends the server one cancel request for the running
+// statement once parent ends; the session function catches it. Should the
+// statement still run cancelAgain later (the request reached the backend
+// before the statement did, and the server ignored it), it ends the round
+// (endRound: pgx then closes the connection, with a Terminate the backend
+// reads once its wait is over). The function it returns waits for a
+// request in flight, so that the request never reaches the session's next
+// statement.
+func (l *Lease) cancelOnDone(parent context.Context, endRound context.CancelFunc) func() {
+	finished, sent := make(chan struct{}), make(chan struct{})
+	stop := context.AfterFunc(parent, func() {
+		defer close(sent)
+		cctx, cancel := context.WithTimeout(context.Background(), cancelAgain)
+		defer cancel()
+		_ = l.conn.PgConn().CancelRequest(cctx)
+		select {
+		case <-finished:
+		case <-time.After(cancelAgain):
+			endRound()
+		}
+	})
+	return func() {
+		close(finished)
+		if !stop() {
+			<-sent
+		}
+	}
 }
 
 // lookup reads the holder from pg_locks (a round of its own), after a
@@ -293,12 +336,12 @@ func (l *Lease) lookup(ctx context.Context, t *Target, err error) (Round, error)
 		// A new leader: the heir it was freed its slot. A resigned leader,
 		// or a crashed one that reconnects, takes it at its first poll; in
 		// case neither comes back, one watcher in eight also polls soon, at
-		// a random point within an heir's wait, so that a large fleet
+		// a random point within Spread, so that a large fleet
 		// refills the slot at once without all of it waking the server
 		// together.
 		q.namedUntil, q.gateSince, q.gateOff = time.Time{}, time.Time{}, false
 		if rand.N(refillOneIn) == 0 {
-			q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(q.Wait+1)))
+			q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(q.Spread+1)))
 		}
 		q.verifyGap = q.VerifyEvery
 	case pid == q.leaderPID:
@@ -372,7 +415,7 @@ func (l *Lease) heard(t *Target, n *pgconn.Notification) {
 		// now (within 20 ms, so that watchers spread out); from a pid not
 		// proven the leader's, at most once per heir's wait.
 		if !leader {
-			q.hintAt = now.Add(q.Wait)
+			q.hintAt = now.Add(q.Spread)
 		}
 		q.nextPoll = minTime(q.nextPoll, now.Add(rand.N(vacancySpread)))
 	}

@@ -58,6 +58,7 @@ func TestGoldenStatements(t *testing.T) {
 		tg := NewTarget(k, "", k.name, "me")
 		what := fmt.Sprintf("key (%d, %d, %d)", k.c, k.o, k.s)
 		section(what+": check", tg.checkSQL)
+		section(what+": check, session only", tg.sessionSQL)
 		section(what+": holder", tg.holderSQL)
 		section(what+": acquire, waiting", tg.waitSQL)
 		section(what+": acquire, trying", tg.trySQL)

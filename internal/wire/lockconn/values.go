@@ -107,7 +107,7 @@ func (l *Lease) Proclaim(ctx context.Context, t *Target, proclaimSQL string, key
 	b := &pgx.Batch{}
 	b.Queue(proclaimSQL, t.ClassID, t.ObjID, t.ObjSubID, keyName, value)
 	b.Queue(notifySQL, t.Channel())
-	return l.checked(ctx, t, b, func(err error) error {
+	err := l.checked(ctx, t, b, func(err error) error {
 		if IsServerError(err) && !l.conn.IsClosed() {
 			// The statement failed (a privilege, a lock wait the server
 			// gave up on): the session and its lock are fine.
@@ -115,6 +115,10 @@ func (l *Lease) Proclaim(ctx context.Context, t *Target, proclaimSQL string, key
 		}
 		return nil
 	})
+	if err == nil {
+		l.wake(ctx, t)
+	}
+	return err
 }
 
 // ValueError is a value the server refused to write (its *pgconn.PgError

@@ -73,39 +73,56 @@ END $f$;
 
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_wait(c oid, o oid, s int2, pid int4, tok text, wait_ms int, heir int4, gate int4, me int4) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
--- An heir's round: wait for the key up to wait_ms, under deadlock_timeout
--- (no deadlock detector run), catching lock_not_available (no line in the
--- server's log). 1: won; 3: held before the round (a grant that raced the
--- last round's timeout); 0: busy; 6: won and given back to a reservation;
--- 4 and 5 from the guard. A win releases the heir slot.
+-- An heir's round: wait for the key up to wait_ms, catching the wait's end
+-- (no line in the server's log): lock_not_available (the wait's end),
+-- query_canceled (the client stopping, or the key's new leader ending the
+-- wait so that the heir reads its announcement: see pgleader_wake), and
+-- deadlock_detected (a cycle another session made). Past deadlock_timeout
+-- the server runs the deadlock detector once per wait; while log_lock_waits
+-- is on it would also log the wait, so the wait then stays under
+-- deadlock_timeout (four fifths of it). 1: won; 3: held before the round (a
+-- grant that raced the last round's timeout); 0: busy; 6: won and given
+-- back to a reservation; 4 and 5 from the guard. A win releases the heir
+-- slot. A cancel that lands anywhere else in the round (a second one, or
+-- one that arrives as the wait ends) is caught too, and the round reports
+-- busy: a lock it took is a session lock the rollback keeps, and the next
+-- round finds it held (3).
 DECLARE
   won int := 1;
   g int := pg_temp.pgleader_guard(pid, tok);
+  w int := wait_ms;
 BEGIN
   IF g <> 0 THEN
     RETURN g;
   END IF;
-  IF pg_temp.pgleader_mine(c, o, s) THEN
-    won := 3;
-  ELSE
-    BEGIN
-      PERFORM set_config('lock_timeout', wait_ms::text, true);
-      PERFORM pg_temp.pgleader_lock(c, o, s, 'wait');
-    EXCEPTION WHEN lock_not_available THEN
-      -- A wait can time out at the instant of its grant; the session
-      -- then holds the key.
-      IF NOT pg_temp.pgleader_mine(c, o, s) THEN
-        RETURN 0;
+  BEGIN
+    IF pg_temp.pgleader_mine(c, o, s) THEN
+      won := 3;
+    ELSE
+      IF current_setting('log_lock_waits')::bool THEN
+        w := least(w, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 800)::int);
       END IF;
-    END;
-  END IF;
-  IF pg_temp.pgleader_reserved(gate, me) THEN
-    PERFORM pg_temp.pgleader_lock(c, o, s, 'unlock');
-    RETURN 6;
-  END IF;
-  IF heir IS NOT NULL THEN
-    PERFORM pg_temp.pgleader_lock(1885817928, heir::oid, 2::int2, 'unlock');
-  END IF;
+      BEGIN
+        PERFORM set_config('lock_timeout', greatest(w, 1)::text, true);
+        PERFORM pg_temp.pgleader_lock(c, o, s, 'wait');
+      EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+        -- A wait can time out at the instant of its grant; the session
+        -- then holds the key.
+        IF NOT pg_temp.pgleader_mine(c, o, s) THEN
+          RETURN 0;
+        END IF;
+      END;
+    END IF;
+    IF pg_temp.pgleader_reserved(gate, me) THEN
+      PERFORM pg_temp.pgleader_lock(c, o, s, 'unlock');
+      RETURN 6;
+    END IF;
+    IF heir IS NOT NULL THEN
+      PERFORM pg_temp.pgleader_lock(1885817928, heir::oid, 2::int2, 'unlock');
+    END IF;
+  EXCEPTION WHEN query_canceled THEN
+    RETURN 0;
+  END;
   RETURN won;
 END $f$;
 
@@ -144,4 +161,32 @@ BEGIN
     END IF;
   END LOOP;
   RETURN 0;
+END $f$;
+
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_wake(c oid, o oid, s int2, slots int4[]) RETURNS int
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- A new leader, once it has announced itself: end the lock waits of the
+-- key's heirs (sessions queued on the key that hold one of its heir
+-- slots), so that they read the announcement now, not at their wait's end
+-- (pgleader_wait catches the cancel). Only sessions this role may signal;
+-- nothing else is touched. Returns how many were signalled.
+DECLARE
+  n int := 0;
+  p int4;
+BEGIN
+  FOR p IN SELECT w.pid FROM pg_locks w
+      WHERE w.locktype = 'advisory' AND w.classid = c AND w.objid = o AND w.objsubid = s AND NOT w.granted
+        AND w.pid <> pg_backend_pid()
+        AND EXISTS (SELECT FROM pg_locks h WHERE h.pid = w.pid AND h.locktype = 'advisory' AND h.granted
+          AND h.classid = 1885817928 AND h.objsubid = 2 AND h.objid = ANY (slots::oid[]))
+  LOOP
+    BEGIN
+      IF pg_cancel_backend(p) THEN
+        n := n + 1;
+      END IF;
+    EXCEPTION WHEN insufficient_privilege THEN
+      NULL;
+    END;
+  END LOOP;
+  RETURN n;
 END $f$;

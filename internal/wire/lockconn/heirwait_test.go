@@ -1,0 +1,225 @@
+package lockconn_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// heirWaitSetup opens a leader and an heir (slot 0) on srv for key, the
+// heir with a long wait (Quiet.Wait).
+func heirWaitSetup(t *testing.T, srv *testpg.Server, wait time.Duration) (ldr, heir *lockconn.Lease, target *lockconn.Target) {
+	t.Helper()
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	q := lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second}
+	open := func(id string) *lockconn.Lease {
+		conn, err := leader.DSN(srv.DSN()).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: id, LockTimeout: time.Second, Lease: 60 * time.Second, KeepIdle: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ls.Close)
+		return ls
+	}
+	ldr, heir = open("long-leader"), open("long-heir")
+	target = lockconn.NewTarget(key, "", "", "")
+	heirTarget := lockconn.NewTarget(key, "", "", "")
+	for _, m := range []struct {
+		ls *lockconn.Lease
+		t  *lockconn.Target
+	}{{ldr, target}, {heir, heirTarget}} {
+		if quiet, _, err := m.ls.Watch(ctx, m.t, q); err != nil || !quiet {
+			t.Fatalf("Watch: %v %v", quiet, err)
+		}
+	}
+	if r, err := ldr.Campaign(ctx, target, false); err != nil || !r.Held {
+		t.Fatalf("the first poll on a free lock: %+v %v", r, err)
+	}
+	if r, err := heir.Campaign(ctx, heirTarget, false); err != nil || r.Held || !heir.Heir(heirTarget) {
+		t.Fatalf("the second poll: %+v %v, heir %v", r, err, heir.Heir(heirTarget))
+	}
+	return ldr, heir, heirTarget
+}
+
+// waitingOn waits until pid queues on the key (not granted) in pg_locks.
+func waitingOn(t *testing.T, admin *pgx.Conn, key leader.Key, pid uint32) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		h, err := leader.Holder(context.Background(), admin, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range h.Waiters {
+			if w.PID == pid {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d never queued on the key", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type roundResult struct {
+	r    lockconn.Round
+	err  error
+	took time.Duration
+}
+
+func runHeirRound(ctx context.Context, ls *lockconn.Lease, target *lockconn.Target) chan roundResult {
+	done := make(chan roundResult, 1)
+	go func() {
+		began := time.Now()
+		r, err := ls.Campaign(ctx, target, false)
+		done <- roundResult{r, err, time.Since(began)}
+	}()
+	return done
+}
+
+// An heir's wait outlasts deadlock_timeout (no round every 0.8 s), and yet
+// ends at once, quietly, when its caller stops (a cancel request the
+// session function catches) and when the key's leader announces itself
+// (the leader ends its heirs' waits, so that they read the announcement
+// now). The session stays fit, and the server logs nothing.
+func TestHeirWaitIsLongStoppableAndWoken(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"deadlock_timeout=200ms"}})
+	ctx := context.Background()
+	const wait = 60 * time.Second
+	ldr, heir, target := heirWaitSetup(t, srv, wait)
+	key := leader.KeyFromName(t.Name())
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	before := srv.LogLines()
+
+	// Past deadlock_timeout, the heir still waits: the round has not
+	// ended after five times deadlock_timeout.
+	rctx, stop := context.WithCancel(ctx)
+	done := runHeirRound(rctx, heir, target)
+	waitingOn(t, admin, key, heir.PID())
+	select {
+	case res := <-done:
+		t.Fatalf("the heir's round ended after %s (%+v, %v), before its wait (%s) or a cancel", res.took, res.r, res.err, wait)
+	case <-time.After(time.Second):
+	}
+	stop()
+	select {
+	case res := <-done:
+		if res.err != nil || res.r.Held {
+			t.Fatalf("stopped round: %+v %v; want a busy round", res.r, res.err)
+		}
+	case <-time.After(wait / 2):
+		t.Fatal("a stopped heir's round did not end at its cancel")
+	}
+	if err := heir.Conn().Ping(ctx); err != nil {
+		t.Fatalf("the heir's session after the cancel: %v", err)
+	}
+
+	// The leader's announcement ends the heir's wait: the round returns
+	// and the heir has read who leads. A session of the same role that
+	// waits on the key with no heir slot (someone's script, not an heir)
+	// is left waiting.
+	other, err := pgx.Connect(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherDone := make(chan error, 1)
+	k, _ := key.Int64()
+	began := time.Now()
+	go func() {
+		// It waits 5 s, then gives up quietly (the exception block), so
+		// that the key's next grant goes to the heir.
+		_, err := other.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN PERFORM set_config('lock_timeout', '5s', true); PERFORM pg_advisory_lock(%d);
+			EXCEPTION WHEN lock_not_available THEN NULL; END $$`, k))
+		otherDone <- err
+	}()
+	t.Cleanup(func() { other.Close(context.Background()) })
+	waitingOn(t, admin, key, other.PgConn().PID())
+	done = runHeirRound(ctx, heir, target)
+	waitingOn(t, admin, key, heir.PID())
+	if err := ldr.Announce(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-done:
+		if res.err != nil || res.r.Held {
+			t.Fatalf("woken round: %+v %v", res.r, res.err)
+		}
+	case <-time.After(wait / 2):
+		t.Fatal("the leader's announcement did not end its heir's wait")
+	}
+	select {
+	case err := <-otherDone:
+		if time.Since(began) < 4*time.Second {
+			t.Fatalf("the leader's wake ended a waiter that is no heir: %v", err)
+		}
+	default:
+	}
+	if err := <-otherDone; err != nil {
+		t.Fatal(err)
+	}
+	// The woken heir queues again at its next wait (after a lookup of the
+	// announced leader), and is granted the lock the moment the leader
+	// lets go.
+	won := make(chan roundResult, 1)
+	go func() {
+		for {
+			res := <-runHeirRound(ctx, heir, target)
+			if res.err != nil || res.r.Held {
+				won <- res
+				return
+			}
+		}
+	}()
+	waitingOn(t, admin, key, heir.PID())
+	if err := ldr.Unlock(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	res := <-won
+	if res.err != nil || !res.r.Proven {
+		t.Fatalf("the heir after the leader's unlock: %+v %v", res.r, res.err)
+	}
+	if added := srv.LogLines() - before; added != 0 {
+		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
+	}
+}
+
+// While the server logs lock waits (log_lock_waits, which only a superuser
+// sets), an heir's wait stays under deadlock_timeout, so that no wait is
+// logged: the session function reads the setting at every round.
+func TestHeirWaitWhileLockWaitsAreLogged(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"deadlock_timeout=200ms", "log_lock_waits=on"}})
+	ctx := context.Background()
+	_, heir, target := heirWaitSetup(t, srv, time.Minute)
+	before := srv.LogLines()
+	for i := 0; i < 5; i++ {
+		res := <-runHeirRound(ctx, heir, target)
+		if res.err != nil || res.r.Held {
+			t.Fatalf("round %d: %+v %v", i, res.r, res.err)
+		}
+		if res.took > 30*time.Second {
+			t.Fatalf("round %d took %s: past deadlock_timeout with log_lock_waits on", i, res.took)
+		}
+	}
+	if added := srv.LogLines() - before; added != 0 {
+		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
+	}
+	if tail := srv.LogTail(20); strings.Contains(tail, "still waiting") {
+		t.Fatalf("a logged lock wait:\n%s", tail)
+	}
+}
