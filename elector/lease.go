@@ -184,15 +184,8 @@ const heirs = lockconn.DefaultHeirs
 // such wait, the session function keeps the wait under deadlock_timeout
 // instead (see lockconn.Quiet).
 func (e *Elector) heirWait() time.Duration {
-	if heirWaitForTests > 0 {
-		return heirWaitForTests
-	}
 	return max(e.cfg.LeaseDuration, time.Millisecond)
 }
-
-// heirWaitForTests, when set, replaces heirWait's LeaseDuration: tests that
-// count an heir's rounds run them faster.
-var heirWaitForTests time.Duration
 
 // spread is how soon watchers refill an heir slot a new leader freed (see
 // lockconn.Quiet.Spread): an heir's wait before waits could outlast

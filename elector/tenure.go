@@ -56,8 +56,8 @@ type tenure struct {
 
 // fullProofEvery: one renew in this many (and the tenure's first, which
 // announces the leader) proves the lock in pg_locks, whose read copies the
-// server's whole lock table (about 3 ms of server CPU at 1,000 locks, so
-// that 100 leaders renewing each second cost a third of a core); the
+// server's whole lock table (about 1 ms of server CPU at 1,000 locks, so
+// that 100 leaders renewing each second spent a tenth of a core on it); the
 // others prove the session and the lock with the server's lock manager
 // alone (lockconn.Lease.RenewSession). A session lock ends only with its
 // session, which the session proof catches at once, or by the session's

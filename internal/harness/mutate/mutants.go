@@ -445,7 +445,7 @@ var mutants = []mutant{
 		"\t\tdefer l.cancelOnDone(parent, cancel)()\n", "\t\t_ = parent\n",
 		"a stopping heir waits out its whole lock wait (LeaseDuration)"},
 	{"renew-session-any-holder", "internal/wire/lockconn/lockconn.go",
-		"o,pg_try_advisory_xact_lock(` + args + `) h,", "o,true h,",
+		"o,pg_try_advisory_xact_lock(` + args + `) h,", "o,true OR pg_try_advisory_xact_lock(` + args + `) h,",
 		"a leader's session renew passes while another session holds its lock"},
 	{"renew-session-stacks", "internal/wire/lockconn/lockconn.go",
 		"o,pg_try_advisory_xact_lock(` + args + `) h,", "o,pg_try_advisory_lock(` + args + `) h,",

@@ -270,6 +270,9 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, e
 		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 			dl = d
 		}
+		if err := ctx.Err(); err != nil {
+			return 0, err // stopping: no wait to start and cancel
+		}
 		var cancel context.CancelFunc
 		parent := ctx
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
