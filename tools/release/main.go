@@ -227,11 +227,7 @@ func requiredRepoVersions(root string, ms []mod) (map[string][]string, error) {
 	}
 	req := map[string][]string{}
 	for _, m := range ms {
-		b, err := os.ReadFile(filepath.Join(root, m.Dir, "go.mod"))
-		if err != nil {
-			return nil, err
-		}
-		mf, err := modfile.ParseLax("go.mod", b, nil)
+		mf, err := readModFile(root, m)
 		if err != nil {
 			return nil, err
 		}

@@ -21,11 +21,7 @@ func workReplaces(root string, ms []mod) (map[modKey]string, error) {
 	}
 	want := map[modKey]string{}
 	for _, m := range ms {
-		b, err := os.ReadFile(filepath.Join(root, m.Dir, "go.mod"))
-		if err != nil {
-			return nil, err
-		}
-		mf, err := modfile.ParseLax("go.mod", b, nil)
+		mf, err := readModFile(root, m)
 		if err != nil {
 			return nil, err
 		}
@@ -109,4 +105,13 @@ func workDir(d string) string {
 		return "./"
 	}
 	return "./" + d
+}
+
+// readModFile reads and parses m's go.mod.
+func readModFile(root string, m mod) (*modfile.File, error) {
+	b, err := os.ReadFile(filepath.Join(root, m.Dir, "go.mod"))
+	if err != nil {
+		return nil, err
+	}
+	return modfile.ParseLax("go.mod", b, nil)
 }
