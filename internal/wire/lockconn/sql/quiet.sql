@@ -168,16 +168,19 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- A new leader, once it has announced itself: end the lock waits of the
 -- key's heirs (sessions queued on the key that hold one of its heir
 -- slots), so that they read the announcement now, not at their wait's end
--- (pgleader_wait catches the cancel). Only sessions this role may signal;
--- nothing else is touched. Returns how many were signalled.
+-- (pgleader_wait catches the cancel). Only sessions of this database that
+-- this role may signal; nothing else is touched. pg_locks is read once.
+-- Returns how many were signalled.
 DECLARE
   n int := 0;
   p int4;
 BEGIN
-  FOR p IN SELECT w.pid FROM pg_locks w
-      WHERE w.locktype = 'advisory' AND w.classid = c AND w.objid = o AND w.objsubid = s AND NOT w.granted
-        AND w.pid <> pg_backend_pid()
-        AND EXISTS (SELECT FROM pg_locks h WHERE h.pid = w.pid AND h.locktype = 'advisory' AND h.granted
+  FOR p IN WITH l AS MATERIALIZED (
+        SELECT * FROM pg_locks
+        WHERE locktype = 'advisory' AND database = (SELECT datid FROM pg_stat_get_activity(pg_backend_pid())))
+      SELECT w.pid FROM l w
+      WHERE w.classid = c AND w.objid = o AND w.objsubid = s AND NOT w.granted AND w.pid <> pg_backend_pid()
+        AND EXISTS (SELECT FROM l h WHERE h.pid = w.pid AND h.granted
           AND h.classid = 1885817928 AND h.objsubid = 2 AND h.objid = ANY (slots::oid[]))
   LOOP
     BEGIN
