@@ -227,7 +227,11 @@ func requiredRepoVersions(root string, ms []mod) (map[string][]string, error) {
 	}
 	req := map[string][]string{}
 	for _, m := range ms {
-		mf, err := readModFile(root, m)
+		b, err := os.ReadFile(filepath.Join(root, m.Dir, "go.mod"))
+		if err != nil {
+			return nil, err
+		}
+		mf, err := modfile.ParseLax("go.mod", b, nil)
 		if err != nil {
 			return nil, err
 		}

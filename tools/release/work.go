@@ -15,20 +15,14 @@ import (
 // a fresh machine could not build the workspace: the go command reads the
 // go.mod of every required version, even of a workspace module.
 func workReplaces(root string, ms []mod) (map[modKey]string, error) {
-	dirs := map[string]string{}
-	for _, m := range ms {
-		dirs[m.Path] = m.Dir
+	req, err := requiredRepoVersions(root, ms)
+	if err != nil {
+		return nil, err
 	}
 	want := map[modKey]string{}
 	for _, m := range ms {
-		mf, err := readModFile(root, m)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range mf.Require {
-			if d, ok := dirs[r.Mod.Path]; ok {
-				want[modKey{r.Mod.Path, r.Mod.Version}] = workDir(d)
-			}
+		for _, v := range req[m.Path] {
+			want[modKey{m.Path, v}] = workDir(m.Dir)
 		}
 	}
 	return want, nil
@@ -105,13 +99,4 @@ func workDir(d string) string {
 		return "./"
 	}
 	return "./" + d
-}
-
-// readModFile reads and parses m's go.mod.
-func readModFile(root string, m mod) (*modfile.File, error) {
-	b, err := os.ReadFile(filepath.Join(root, m.Dir, "go.mod"))
-	if err != nil {
-		return nil, err
-	}
-	return modfile.ParseLax("go.mod", b, nil)
 }
