@@ -315,10 +315,25 @@ func TestForeignGateDoesNotStall(t *testing.T) {
 		}
 		return nil
 	}
+	state := func() string {
+		var b strings.Builder
+		for _, rn := range els {
+			st := rn.e.Status()
+			fmt.Fprintf(&b, "%s: leading %v, leader %q, connected %v, last round %s ago, last error %q; ",
+				st.Identity, st.Leading, st.Leader, st.Connected, time.Since(st.LastRound).Round(time.Millisecond), st.LastError)
+		}
+		return b.String()
+	}
 	for handovers := 0; handovers < 3; {
 		var cur *running
-		eventually(t, "a leader", func() (bool, string) { cur = leading(); return cur != nil, "" })
-		waitRounds(t, els, 2)
+		eventually(t, "a leader", func() (bool, string) { cur = leading(); return cur != nil, state() })
+		// Both others queue on the lock (the heirs), so the resign's unlock
+		// grants it to one of them at once: the resigning elector, back to
+		// campaigning after its cool-down, can never win it first.
+		eventually(t, "two heirs queued", func() (bool, string) {
+			n := countWaiters(t, evil, key)
+			return n == 2, fmt.Sprintf("%d queued; %s", n, state())
+		})
 		began := time.Now()
 		if err := cur.e.Resign(context.Background()); errors.Is(err, leader.ErrNotLeader) {
 			continue // it lost the lead meanwhile (a loaded machine): try again
@@ -328,7 +343,7 @@ func TestForeignGateDoesNotStall(t *testing.T) {
 		var next *running
 		eventually(t, "the next leader", func() (bool, string) {
 			next = leading()
-			return next != nil && next != cur, ""
+			return next != nil && next != cur, state()
 		})
 		// The bound of one election with these settings: a lease and a
 		// watcher's poll, with room for a loaded machine.

@@ -219,15 +219,48 @@ func brokenMain(ctx context.Context, em *testpg.Emitter, dsn, id string, key lea
 			ON CONFLICT (classid, objid, objsubid) DO UPDATE SET term = pgleader_terms.term + 1 RETURNING term`,
 			classid, objid, objsubid, key.String(), id).Scan(&term)
 		em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: term})
-		w, err := pgx.Connect(ctx, dsn)
-		for seq := 0; err == nil && ctx.Err() == nil; seq++ {
-			w.Exec(ctx, `INSERT INTO chaos_writes (term, seq, writer) VALUES ($1, $2, $3)`, term, seq, id)
+		w := &staleWriter{dsn: dsn}
+		for seq := 0; ctx.Err() == nil; seq++ {
+			w.exec(ctx, `INSERT INTO chaos_writes (term, seq, writer) VALUES ($1, $2, $3)`, term, seq, id)
 			time.Sleep(20 * time.Millisecond)
 		}
-		<-ctx.Done()
+		w.close()
 	}
 	em.Emit(testpg.Event{Ev: "exited", Identity: id})
 	return 0
+}
+
+// staleWriter is a broken elector's writer: it keeps writing under the
+// terms it claimed whatever happens to its connection (a fault on the
+// broken process cuts it too), reconnecting as needed, so that the
+// checker always has its stale writes to catch.
+type staleWriter struct {
+	dsn  string
+	conn *pgx.Conn
+}
+
+// exec runs one write, with a deadline (a black-holed proxy), on a
+// connection it opens again when the last one broke; failures are
+// ignored: the next write tries again.
+func (w *staleWriter) exec(ctx context.Context, sql string, args ...any) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if w.conn == nil || w.conn.IsClosed() {
+		c, err := pgx.Connect(ctx, w.dsn)
+		if err != nil {
+			return
+		}
+		w.close()
+		w.conn = c
+	}
+	w.conn.Exec(ctx, sql, args...)
+}
+
+func (w *staleWriter) close() {
+	if w.conn != nil {
+		w.conn.Close(context.Background())
+		w.conn = nil
+	}
 }
 
 // starveWatch measures how starved this process and its server were: the

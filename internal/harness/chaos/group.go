@@ -205,17 +205,14 @@ func brokenGroupMain(ctx context.Context, em *testpg.Emitter, dsn, id string) in
 		claims = append(claims, claim{k.Name(), term})
 		em.Emit(testpg.Event{Ev: "elected", Identity: id, Term: term, Data: k.Name()})
 	}
-	w, err := pgx.Connect(ctx, dsn)
-	for seq := 0; err == nil && ctx.Err() == nil; seq++ {
+	w := &staleWriter{dsn: dsn}
+	defer w.close()
+	for seq := 0; ctx.Err() == nil; seq++ {
 		for _, c := range claims {
-			w.Exec(ctx, `INSERT INTO chaos_group_writes (key, term, seq, writer) VALUES ($1, $2, $3, $4)`, c.name, c.term, seq, id)
+			w.exec(ctx, `INSERT INTO chaos_group_writes (key, term, seq, writer) VALUES ($1, $2, $3, $4)`, c.name, c.term, seq, id)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if w != nil {
-		w.Close(context.Background())
-	}
-	<-ctx.Done()
 	em.Emit(testpg.Event{Ev: "exited", Identity: id})
 	return 0
 }
