@@ -138,6 +138,22 @@ func (f *follower) took(code int32, sent time.Time, pid uint32) (Round, error) {
 		return rd, fmt.Errorf("%w: the session's function ran on a backend other than the session's own (pid %d) or without its token", ErrTransactionPooling, pid)
 	case codeBusy:
 		rd.Busy = true
+	case codeWoken:
+		// A new leader ended the wait (pgleader_wake) before its
+		// announcement committed: look it up in pg_locks now, or, when
+		// the last lookup was less than VerifyEvery ago (a session of this
+		// role could cancel the wait again and again), wait idle until
+		// then, rather than queue for the lock again and look only at that
+		// wait's end.
+		rd.Busy = true
+		at := f.lastLookup.Add(f.VerifyEvery)
+		if now := time.Now(); at.Before(now) {
+			at = now
+		}
+		if !f.verify || at.Before(f.verifyAt) {
+			f.verifyAt = at
+		}
+		f.verify, f.pauseUntil = true, f.verifyAt
 	case codeReserved:
 		// Won, and given back: a handover reserves the lock for another
 		// candidate. Wait a little rather than win it again at once, and no

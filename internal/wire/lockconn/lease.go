@@ -309,6 +309,11 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 	b.Queue(notifySQL, t.Channel())
 	// A leader listens for resign requests while it leads (see Unlock).
 	b.Queue("LISTEN " + pgx.Identifier{t.ResignChannel()}.Sanitize())
+	if l.wakes() {
+		// In the same transaction: the heirs woken look the leader up in
+		// pg_locks, where it holds the lock already (see pgleader_wake).
+		b.Queue(t.mark+wakeCall, t.ClassID, t.ObjID, t.ObjSubID, l.f.slots)
+	}
 	if err := l.checked(ctx, t, b, func(err error) error {
 		if IsLockTableFull(err) && !l.conn.IsClosed() {
 			// A NOTIFY's commit takes a lock in the server's shared
@@ -323,23 +328,33 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 		return err
 	}
 	l.listening = true
-	l.wake(ctx, t)
 	return nil
 }
 
 // wakeCall ends the lock waits of t's heirs (see pgleader_wake).
 const wakeCall = "SELECT pg_temp.pgleader_wake($1::oid, $2::oid, $3::int2, $4::int4[])"
 
-// wake ends the lock waits of t's heirs once this leader's announcement
-// is committed, so that they read it now rather than at their wait's end
-// (an heir's wait lasts up to Quiet.Wait). It is a courtesy to them, off
-// the handover's path: its failure changes nothing for this session (a
-// lost connection shows at the next renew).
-func (l *Lease) wake(ctx context.Context, t *Target) {
-	if !l.funcs || l.f == nil || len(l.f.slots) == 0 {
-		return
+// wakes reports whether this session wakes its heirs: it has the quiet
+// functions and heir slots.
+func (l *Lease) wakes() bool {
+	return l.funcs && l.f != nil && len(l.f.slots) > 0
+}
+
+// wake ends the lock waits of t's heirs once a Proclaim's value is
+// committed, so that they read it now rather than at their wait's end (an
+// heir's wait lasts up to Quiet.Wait; Announce wakes them in its own
+// round trip). It is a courtesy to them: a statement that fails changes
+// nothing for this session, but a connection it found lost is reported,
+// with the server's reason (a FATAL it read, such as 57P01 when the
+// backend was terminated).
+func (l *Lease) wake(ctx context.Context, t *Target) error {
+	if !l.wakes() {
+		return nil
 	}
-	_, _ = l.conn.Exec(ctx, t.mark+wakeCall, l.mode(), t.ClassID, t.ObjID, t.ObjSubID, l.f.slots)
+	if _, err := l.conn.Exec(ctx, t.mark+wakeCall, l.mode(), t.ClassID, t.ObjID, t.ObjSubID, l.f.slots); err != nil && l.conn.IsClosed() {
+		return lostAfterCheck(err)
+	}
+	return nil
 }
 
 // checked sends t's check and then rest's statements in one round trip

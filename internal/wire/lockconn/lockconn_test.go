@@ -239,6 +239,9 @@ func TestEveryLayerRefusesAStandby(t *testing.T) {
 	if err := ls.Renew(ctx, target); !errors.Is(err, lockconn.ErrStandby) {
 		t.Fatalf("Renew on a standby while holding the lock: %v, want ErrStandby", err)
 	}
+	if err := ls.RenewSession(ctx, target); !errors.Is(err, lockconn.ErrStandby) {
+		t.Fatalf("RenewSession on a standby while holding the lock: %v, want ErrStandby", err)
+	}
 }
 
 // The quiet round never stacks: a second round on a held lock reports it
@@ -638,11 +641,17 @@ func openLease(t *testing.T, id string, lockTimeout time.Duration) *lockconn.Lea
 	return ls
 }
 
-// quietSession opens a quiet session for key.
+// quietSession opens a quiet session for key on the shared server.
 func quietSession(t *testing.T, id string, key leader.Key, q lockconn.Quiet) (*lockconn.Lease, *lockconn.Target) {
 	t.Helper()
+	return quietSessionOn(t, server(t), id, key, q)
+}
+
+// quietSessionOn opens a quiet session for key on srv.
+func quietSessionOn(t *testing.T, srv *testpg.Server, id string, key leader.Key, q lockconn.Quiet) (*lockconn.Lease, *lockconn.Target) {
+	t.Helper()
 	ctx := context.Background()
-	conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
+	conn, err := leader.DSN(srv.DSN()).Connect(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

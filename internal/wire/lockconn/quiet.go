@@ -90,6 +90,7 @@ const (
 	codeStandby  = 4  // the server is in recovery
 	codeForeign  = 5  // another backend, or this one without the session's token
 	codeReserved = 6  // won, and given back to a reservation
+	codeWoken    = 7  // busy: the wait was cancelled (a new leader's wake)
 	codeSlot     = 10 // codeSlot+i: heir slot i is now this session's
 )
 

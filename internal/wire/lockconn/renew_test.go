@@ -19,15 +19,7 @@ import (
 func TestRenewSession(t *testing.T) {
 	ctx := context.Background()
 	for _, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(-7, 42), leader.Int64Key(-1 << 40)} {
-		conn, err := leader.DSN(server(t).DSN()).Connect(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "session-renew", LockTimeout: time.Second, Lease: 30 * time.Second, KeepIdle: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ls.Close()
+		ls := openLease(t, "session-renew", time.Second)
 		target := lockconn.NewTarget(key, "", "", "")
 		if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
 			t.Fatalf("%v: Campaign: %+v %v", key, r, err)
@@ -89,5 +81,26 @@ func TestRenewSession(t *testing.T) {
 		if err := other.QueryRow(ctx, try, vals...).Scan(&ok); err != nil || !ok {
 			t.Fatalf("%v: the lock after RenewSession on a free lock: %v %v", key, ok, err)
 		}
+	}
+}
+
+// RenewSession proves the session as Renew does: after a reset that keeps
+// the backend but drops the session's token (a pooler's DISCARD ALL), it
+// reports the session gone, even while the backend holds the lock again.
+func TestRenewSessionSeesAReset(t *testing.T) {
+	ctx := context.Background()
+	ls := openLease(t, "session-reset", time.Second)
+	target := lockconn.NewTarget(leader.KeyFromName(t.Name()), "", "", "")
+	if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
+		t.Fatalf("Campaign: %+v %v", r, err)
+	}
+	if _, err := ls.Conn().Exec(ctx, "DISCARD ALL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Conn().Exec(ctx, target.Call("pg_advisory_lock"), target.Vals...); err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.RenewSession(ctx, target); !errors.Is(err, lockconn.ErrTransactionPooling) {
+		t.Fatalf("RenewSession after DISCARD ALL: %v, want ErrTransactionPooling", err)
 	}
 }

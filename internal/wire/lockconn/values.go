@@ -116,7 +116,7 @@ func (l *Lease) Proclaim(ctx context.Context, t *Target, proclaimSQL string, key
 		return nil
 	})
 	if err == nil {
-		l.wake(ctx, t)
+		err = l.wake(ctx, t)
 	}
 	return err
 }

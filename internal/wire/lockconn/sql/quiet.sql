@@ -81,12 +81,15 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- the server runs the deadlock detector once per wait; while log_lock_waits
 -- is on it would also log the wait, so the wait then stays under
 -- deadlock_timeout (four fifths of it). 1: won; 3: held before the round (a
--- grant that raced the last round's timeout); 0: busy; 6: won and given
--- back to a reservation; 4 and 5 from the guard. A win releases the heir
--- slot. A cancel that lands anywhere else in the round (a second one, or
--- one that arrives as the wait ends) is caught too, and the round reports
--- busy: a lock it took is a session lock the rollback keeps, and the next
--- round finds it held (3).
+-- grant that raced the last round's timeout); 0: busy; 7: busy, the wait
+-- cancelled (a new leader's wake, sent in its announcement's transaction,
+-- so before that commits: the caller looks the holder up in pg_locks
+-- rather than wait for the notification; or the client stopping); 6: won
+-- and given back to a reservation; 4 and 5 from the guard. A win releases
+-- the heir slot. A cancel that lands anywhere else in the round (a second
+-- one, or one that arrives as the wait ends) is caught too (7): a lock it
+-- took is a session lock the rollback keeps, and the next round finds it
+-- held (3).
 DECLARE
   won int := 1;
   g int := pg_temp.pgleader_guard(pid, tok);
@@ -105,11 +108,15 @@ BEGIN
       BEGIN
         PERFORM set_config('lock_timeout', greatest(w, 1)::text, true);
         PERFORM pg_temp.pgleader_lock(c, o, s, 'wait');
-      EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected THEN
+      EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
         -- A wait can time out at the instant of its grant; the session
         -- then holds the key.
         IF NOT pg_temp.pgleader_mine(c, o, s) THEN
           RETURN 0;
+        END IF;
+      WHEN query_canceled THEN
+        IF NOT pg_temp.pgleader_mine(c, o, s) THEN
+          RETURN 7;
         END IF;
       END;
     END IF;
@@ -121,7 +128,7 @@ BEGIN
       PERFORM pg_temp.pgleader_lock(1885817928, heir::oid, 2::int2, 'unlock');
     END IF;
   EXCEPTION WHEN query_canceled THEN
-    RETURN 0;
+    RETURN 7;
   END;
   RETURN won;
 END $f$;
@@ -165,12 +172,14 @@ END $f$;
 
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_wake(c oid, o oid, s int2, slots int4[]) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
--- A new leader, once it has announced itself: end the lock waits of the
--- key's heirs (sessions queued on the key that hold one of its heir
--- slots), so that they read the announcement now, not at their wait's end
--- (pgleader_wait catches the cancel). Only sessions of this database that
--- this role may signal; nothing else is touched. pg_locks is read once.
--- Returns how many were signalled.
+-- A new leader, in its announcement's transaction (or after a Proclaim):
+-- end the lock waits of the key's heirs (sessions queued on the key that
+-- hold one of its heir slots), so that they look the new leader up now,
+-- not at their wait's end (pgleader_wait catches the cancel and answers
+-- 7). Only sessions of this database that this role may signal; nothing
+-- else is touched. pg_locks is read once. Returns how many were
+-- signalled; it never fails the transaction it runs in (-1 when it could
+-- not look: the heirs then learn the leader at their wait's end).
 DECLARE
   n int := 0;
   p int4;
@@ -192,4 +201,6 @@ BEGIN
     END;
   END LOOP;
   RETURN n;
+EXCEPTION WHEN OTHERS THEN
+  RETURN -1;
 END $f$;
