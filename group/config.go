@@ -36,6 +36,26 @@ type Config struct {
 	// Logger receives structured logs; nil means none.
 	Logger *zap.Logger
 
+	// Priority, Version and Strategy rank this member, as an elector's
+	// rank its candidate (see docs/rolling-upgrades.md): the keys are
+	// spread over the best-ranked members only, and the others stand by
+	// until no better-ranked member is left. So during a rolling upgrade
+	// each key changes version once: under leader.NewestVersion when the
+	// first member of the new version joins, under leader.OldestVersion
+	// when the last member of the old version leaves. A ranked member's
+	// sessions carry the rank in their application_name, after Identity
+	// ("worker-1 [N0 1.8.0]"), where every member reads it; every member
+	// of a group must use the same Strategy (while the ranked members
+	// disagree on it, the group ignores ranks and warns). Default:
+	// unranked (Priority 0, no Version), which ranks as Priority 0.
+	Priority int
+	// Version is this member's semantic version ("1.8.0"), required by
+	// the version strategies.
+	Version string
+	// Strategy: leader.ByPriority (the default), leader.NewestVersion or
+	// leader.OldestVersion.
+	Strategy leader.Strategy
+
 	// RenewInterval is how often a full round proves this member's session,
 	// and with it every key the session holds: one round trip. A scan of
 	// pg_locks, which proves each key by its lock and reads the members,
@@ -179,6 +199,9 @@ func (c *Config) validate() error {
 	if err := timing.Printable(c.Identity, maxIdentity); err != nil {
 		return bad("Identity", "%v (PostgreSQL cuts and replaces characters in application_name)", err)
 	}
+	if err := c.validateRank(); err != nil {
+		return err
+	}
 	if err := c.durations().Validate(); err != nil {
 		return err
 	}
@@ -197,6 +220,45 @@ func (c *Config) validate() error {
 		return &leader.ConfigError{Field: "Connect", Rule: err.Error()}
 	}
 	return nil
+}
+
+// validateRank checks Priority, Version and Strategy, and that the
+// member's application_name, with its rank, fits.
+func (c *Config) validateRank() error {
+	bad := func(field, rule string, args ...any) error {
+		return &leader.ConfigError{Field: field, Rule: fmt.Sprintf(rule, args...)}
+	}
+	switch {
+	case c.Strategy < leader.ByPriority || c.Strategy > leader.OldestVersion:
+		return bad("Strategy", "must be leader.ByPriority, leader.NewestVersion or leader.OldestVersion, got %d", int(c.Strategy))
+	case c.Strategy != leader.ByPriority && c.Version == "":
+		return bad("Version", "required with Strategy %s", c.Strategy)
+	}
+	if c.Version != "" {
+		if err := leader.ValidVersion(c.Version); err != nil {
+			return bad("Version", "%v", err)
+		}
+	}
+	if _, _, ok := parseMember(c.Identity); ok {
+		return bad("Identity", "must not end like a member's rank (%q): ranked members' application_names do", " [P0]")
+	}
+	if app := c.appName(); len(app) > maxIdentity {
+		return bad("Identity", "with the member's rank, its application_name %q is %d bytes; PostgreSQL keeps %d: shorten Identity or Version", app, len(app), maxIdentity)
+	}
+	return nil
+}
+
+// ranked reports whether this member carries a rank: anything but the
+// default.
+func (c *Config) ranked() bool { return c.Priority != 0 || c.Version != "" }
+
+// appName is the application_name of this member's sessions: Identity,
+// and the rank of a ranked member.
+func (c *Config) appName() string {
+	if !c.ranked() {
+		return c.Identity
+	}
+	return rankedName(c.Identity, memberRank{strategy: c.Strategy, pref: leader.Preference{Priority: c.Priority, Version: c.Version}})
 }
 
 // ErrLockTable is returned (wrapped) by Run when the server's shared lock

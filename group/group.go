@@ -66,6 +66,9 @@ type Group struct {
 	// (see scanEvery).
 	fullSoon, scanSoon bool
 	scanCost           time.Duration
+	// tiers is what the last scan said of the members' ranks (see
+	// noteTiers), logged when it changes.
+	tiers string
 
 	stats stats
 	// open opens the main session (a scripted one in tests); testRound
@@ -253,7 +256,7 @@ func (g *Group) openMember(ctx context.Context) (wire, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
+	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.appName(), LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
 		KeepIdle: c.RenewDeadline, SyncCommit: true})
 	if err == nil {
 		// Before anything is locked: no transaction pooler in between.

@@ -805,3 +805,93 @@ func TestGroupResignedTwiceWithinARound(t *testing.T) {
 		}
 	}
 }
+
+// A rolling upgrade of three members from 1.0.0 to 2.0.0, one at a time
+// (a member of the new version joins, then one of the old leaves, as a
+// Deployment with maxSurge 1 does): every key changes version exactly once
+// and never back. Under NewestVersion the first member of the new version
+// takes every key as it joins; under OldestVersion no member of the new
+// version leads any key before the last of the old version has left.
+func TestGroupRollingUpgrade(t *testing.T) {
+	for _, s := range []leader.Strategy{leader.NewestVersion, leader.OldestVersion} {
+		t.Run(s.String(), func(t *testing.T) { rollingUpgrade(t, s) })
+	}
+}
+
+func rollingUpgrade(t *testing.T, s leader.Strategy) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 12)
+	grp := t.Name()
+	var mu sync.Mutex
+	versions := map[string][]string{} // key -> the version of each election, in order
+	var lastOldGone time.Time
+	var early []string // elections of the new version before the last old member left
+	start := func(id, version string) *member {
+		cb := w.callbacks(id)
+		inner := cb.OnElected
+		cb.OnElected = func(ctx context.Context, l leader.Leadership) {
+			mu.Lock()
+			versions[l.Key.String()] = append(versions[l.Key.String()], version)
+			if s == leader.OldestVersion && version == "2.0.0" && lastOldGone.IsZero() {
+				early = append(early, id+" "+l.Key.String())
+			}
+			mu.Unlock()
+			inner(ctx, l)
+		}
+		return runMember(t, group.Config{Connect: leader.DSN(srv.DSN()), Group: grp, Keys: keys, Identity: id, Callbacks: cb,
+			Version: version, Strategy: s,
+			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+			Logger: testLogger(t, nil)})
+	}
+	// seen waits until m's scans list n members.
+	seen := func(m *member, n int) {
+		eventually(t, fmt.Sprintf("%d members seen", n), func() (bool, string) {
+			st := m.g.Status()
+			return len(st.Members) == n, fmt.Sprint(st.Members)
+		})
+	}
+	old := []*member{start("v1-a", "1.0.0"), start("v1-b", "1.0.0"), start("v1-c", "1.0.0")}
+	balanced(t, w, 12, 4, 4, "v1-a", "v1-b", "v1-c")
+	var cur []*member
+	for i, id := range []string{"v2-a", "v2-b", "v2-c"} {
+		m := start(id, "2.0.0")
+		cur = append(cur, m)
+		seen(m, 4)
+		if s == leader.NewestVersion {
+			ids := []string{"v2-a", "v2-b", "v2-c"}[:i+1]
+			balanced(t, w, 12, 12/len(ids), 12/len(ids), ids...)
+		}
+		if i == 2 {
+			mu.Lock()
+			lastOldGone = time.Now()
+			mu.Unlock()
+		}
+		old[i].stop()
+		seen(m, 3)
+		if s == leader.OldestVersion && i < 2 {
+			ids := []string{"v1-a", "v1-b", "v1-c"}[i+1:]
+			balanced(t, w, 12, 12/len(ids), 12/len(ids), ids...)
+		}
+	}
+	balanced(t, w, 12, 4, 4, "v2-a", "v2-b", "v2-c")
+	mu.Lock()
+	defer mu.Unlock()
+	for k, vs := range versions {
+		crossings := 0
+		for i := 1; i < len(vs); i++ {
+			if vs[i] != vs[i-1] {
+				crossings++
+			}
+		}
+		if crossings != 1 || vs[len(vs)-1] != "2.0.0" {
+			t.Errorf("key %s: elections by version %v; want one change, to 2.0.0", k, vs)
+		}
+	}
+	if len(versions) != 12 {
+		t.Errorf("%d keys elected, want 12", len(versions))
+	}
+	if len(early) > 0 {
+		t.Errorf("under OldestVersion, the new version led before the last old member left: %v", early)
+	}
+}

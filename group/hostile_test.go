@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -150,12 +151,12 @@ func TestGroupJoinFloodIsRateLimited(t *testing.T) {
 
 // A session of another role that holds a group's roster lock in share mode
 // (as members do) is not a member: no key is assigned to it, so none goes
-// unled.
+// unled, though its application_name claims the best rank there is.
 func TestGroupIgnoresForeignMember(t *testing.T) {
 	srv := sharedServer(t)
 	r := testpg.NewRoles(t, srv)
 	grp := t.Name()
-	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name=ghost")
+	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name="+url.QueryEscape("ghost [P99]"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +171,9 @@ func TestGroupIgnoresForeignMember(t *testing.T) {
 	balanced(t, w, len(keys), 6, 6, "m-a")
 	if got := m.g.Members(); len(got) != 1 || got[0] != "m-a" {
 		t.Fatalf("members: %v", got)
+	}
+	if st := m.g.Status(); len(st.Eligible) != 1 || st.Eligible[0] != "m-a" || len(st.Ranks) != 0 {
+		t.Fatalf("eligible %v, ranks %v", st.Eligible, st.Ranks)
 	}
 }
 

@@ -21,6 +21,7 @@ type input struct {
 	// docs/groups.md, "What a round proves") and the last members.
 	held    map[tag]bool
 	members []string
+	ranks   map[string]memberRank // the ranked members' (see rank.go)
 }
 
 // actions are what a round does: plan decides them, the round applies
@@ -59,7 +60,8 @@ type handOver struct {
 	reason error
 }
 
-// assignment is the assignment of the set's keys to the members.
+// assignment is the assignment of the set's keys to the members (the
+// eligible ones: see rank.go).
 type assignment struct {
 	owner   []int
 	members []string
@@ -77,9 +79,9 @@ type assignment struct {
 // also keeps the holds and the pending resigns for the next full round.
 func plan(st *state, in input) actions {
 	var a actions
-	held, members := in.held, in.members
+	held, members, ranks := in.held, in.members, in.ranks
 	if !in.scanned {
-		held, members = map[tag]bool{}, st.members
+		held, members, ranks = map[tag]bool{}, st.members, st.ranks
 		for k, ks := range st.keys {
 			if ks.phase == phaseLeading || ks.phase == phaseHanding {
 				held[k] = true
@@ -89,6 +91,9 @@ func plan(st *state, in input) actions {
 			held[k] = true
 		}
 	}
+	// The keys go to the best-ranked members only (all of them when none
+	// is ranked): the others stand by.
+	members, _ = eligible(members, ranks)
 	lost := map[tag]bool{}
 	if in.scanned {
 		for k, ks := range st.keys {

@@ -138,7 +138,8 @@ func snapshotOf(st *state) map[string]any {
 	}
 	return map[string]any{"keys": keys, "owner": slices.Clone(st.owner), "assigned": slices.Clone(st.assigned),
 		"rekey": st.rekey, "dirty": st.dirty, "members": slices.Clone(st.members), "stopping": st.stopping,
-		"pending": slices.Clone(st.pending), "trustEnd": st.trustEnd, "order": slices.Clone(st.order), "index": maps.Clone(st.index)}
+		"pending": slices.Clone(st.pending), "trustEnd": st.trustEnd, "order": slices.Clone(st.order), "index": maps.Clone(st.index),
+		"ranks": maps.Clone(st.ranks)}
 }
 
 // A free key of this member's is wanted; one of another member's is not.

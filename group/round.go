@@ -60,9 +60,11 @@ func (g *Group) round(ctx context.Context, w wire, kind roundKind) error {
 		took := time.Since(sent)
 		g.mu.Lock()
 		if in.scanned {
-			members := g.withoutGone(sc.Members, sent)
-			in.held, in.members = sc.Held, members
-			g.st.members, g.st.pids = members, sc.PIDs
+			names, ranks, pids := splitMembers(sc.Members, sc.PIDs)
+			members := g.withoutGone(names, sent)
+			in.held, in.members, in.ranks = sc.Held, members, ranks
+			g.st.members, g.st.pids, g.st.ranks = members, pids, ranks
+			g.noteTiers()
 			g.stats.scans++
 			g.stats.lastScan, g.scanCost = sent, took
 			g.watchNext()

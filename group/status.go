@@ -13,6 +13,15 @@ type Status struct {
 	Group, Identity string
 	// Members are the group's members as the last scan saw them.
 	Members []string
+	// Eligible are the members the keys go to: the best-ranked ones (see
+	// Config.Priority), every member when none is ranked. A member not
+	// among them stands by (and is ready: it takes keys when no
+	// better-ranked member is left).
+	Eligible []string
+	// Ranks are the ranked members' ranks, as their sessions'
+	// application_names say; Strategy is this member's.
+	Ranks    map[string]leader.Preference
+	Strategy leader.Strategy
 	// Keys is the size of the key set; Owned how many of them this member
 	// leads now (0 once the trust window has passed).
 	Keys, Owned int
@@ -81,6 +90,11 @@ func (g *Group) Status() Status {
 		ReleaseTimeout: g.cfg.ReleaseTimeout}
 	for _, r := range leader.ReasonLabels {
 		st.Demoted[r] = g.stats.demoted[r]
+	}
+	elig, _ := eligible(g.st.members, g.st.ranks)
+	st.Eligible, st.Ranks, st.Strategy = append([]string(nil), elig...), map[string]leader.Preference{}, g.cfg.Strategy
+	for m, r := range g.st.ranks {
+		st.Ranks[m] = r.pref
 	}
 	return st
 }

@@ -200,7 +200,7 @@ func (g *Group) openRing(ctx context.Context) (*lockconn.Ring, error) {
 	if err != nil {
 		return nil, err
 	}
-	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration, KeepIdle: c.RenewDeadline})
+	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.appName(), LockTimeout: c.RenewInterval, Lease: c.LeaseDuration, KeepIdle: c.RenewDeadline})
 	if err != nil {
 		lockconn.Close(conn)
 		return nil, err

@@ -1,0 +1,171 @@
+package group
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+// Ranked members (Config.Priority, Version and Strategy). The keys go to
+// the best-ranked members only (the assignment spreads them over those);
+// the others stand by, their crash watch on, and take keys when no
+// better-ranked member is left. So during a rolling upgrade each key
+// changes version once: under NewestVersion when the first member of the
+// new version joins, under OldestVersion when the last member of the old
+// version leaves.
+//
+// A ranked member's sessions carry its rank in their application_name,
+// after its identity: "worker-1 [N0 1.8.0]" (the strategy's letter P, N
+// or O, the priority, and the version when it has one). Every member's
+// scan reads the same names from pg_stat_activity, so every member
+// computes the same tiers in the same round, with no message to miss or
+// forge: a rank is proven as a membership is, from the member's own
+// session (a session of the group's login role that holds its roster
+// lock). An unranked member's application_name is its identity, as it
+// was before ranks existed.
+
+// memberRank is a ranked member's rank, as its application_name says.
+type memberRank struct {
+	strategy leader.Strategy
+	pref     leader.Preference
+}
+
+// strategyLetters name the strategies in application_name.
+var strategyLetters = map[leader.Strategy]byte{leader.ByPriority: 'P', leader.NewestVersion: 'N', leader.OldestVersion: 'O'}
+
+// rankedName is the application_name of a member named identity with rank
+// r.
+func rankedName(identity string, r memberRank) string {
+	s := identity + " [" + string(strategyLetters[r.strategy]) + strconv.Itoa(r.pref.Priority)
+	if r.pref.Version != "" {
+		s += " " + r.pref.Version
+	}
+	return s + "]"
+}
+
+// parseMember splits a member's application_name into its name and, when
+// it carries one, its rank (see rankedName). A name whose suffix does not
+// parse is a plain name.
+func parseMember(app string) (string, memberRank, bool) {
+	i := strings.LastIndex(app, " [")
+	if i <= 0 || !strings.HasSuffix(app, "]") || len(app) < i+4 {
+		return app, memberRank{}, false
+	}
+	inner := app[i+2 : len(app)-1]
+	var r memberRank
+	found := false
+	for s, l := range strategyLetters {
+		if inner[0] == l {
+			r.strategy, found = s, true
+		}
+	}
+	prio, version, hasVersion := strings.Cut(inner[1:], " ")
+	p, err := strconv.Atoi(prio)
+	if !found || err != nil || strconv.Itoa(p) != prio || hasVersion && leader.ValidVersion(version) != nil {
+		return app, memberRank{}, false
+	}
+	r.pref = leader.Preference{Priority: p, Version: version}
+	return app[:i], r, true
+}
+
+// splitMembers parses the application_names a scan read: the members'
+// names (sorted, without duplicates) and the ranks of the ranked ones.
+func splitMembers(apps []string, pids map[uint32]string) ([]string, map[string]memberRank, map[uint32]string) {
+	names := make([]string, 0, len(apps))
+	var ranks map[string]memberRank
+	for _, a := range apps {
+		name, r, ok := parseMember(a)
+		names = append(names, name)
+		if ok {
+			if ranks == nil {
+				ranks = map[string]memberRank{}
+			}
+			ranks[name] = r
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	byPID := make(map[uint32]string, len(pids))
+	for pid, a := range pids {
+		name, _, _ := parseMember(a)
+		byPID[pid] = name
+	}
+	return names, ranks, byPID
+}
+
+// eligible returns the members the keys are assigned to: those whose rank
+// is the best there is under the ranked members' strategy (an unranked
+// member ranks as priority 0 with no version); every member when none is
+// ranked, or when the ranked ones disagree on the strategy (split reports
+// that: the members must use one strategy, and no member can decide which
+// one wins, so the group keys ignore ranks until they agree). members is
+// sorted, and so is the result.
+func eligible(members []string, ranks map[string]memberRank) (out []string, split bool) {
+	if len(ranks) == 0 {
+		return members, false
+	}
+	s, first := leader.ByPriority, true
+	for _, m := range members {
+		if r, ok := ranks[m]; ok {
+			if !first && r.strategy != s {
+				return members, true
+			}
+			s, first = r.strategy, false
+		}
+	}
+	var best leader.Preference
+	for i, m := range members {
+		if p := ranks[m].pref; i == 0 || leader.Compare(s, p, best) > 0 {
+			best = p
+		}
+	}
+	for _, m := range members {
+		if leader.Compare(s, ranks[m].pref, best) == 0 {
+			out = append(out, m)
+		}
+	}
+	return out, false
+}
+
+// noteTiers logs, when it changes, which members the keys go to, or that
+// the ranked members disagree on the strategy (g.mu held).
+func (g *Group) noteTiers() {
+	st := &g.st
+	if len(st.ranks) == 0 && g.tiers == "" {
+		return
+	}
+	out, split := eligible(st.members, st.ranks)
+	now := fmt.Sprint(split, out, st.members)
+	if now == g.tiers {
+		return
+	}
+	g.tiers = now
+	switch {
+	case split:
+		g.log.Warn("the group's ranked members use different strategies: the keys go to every member, ranks ignored, until they agree",
+			zap.Strings("members", g.rankedNames()))
+	case len(out) < len(st.members):
+		g.log.Info("the keys go to the best-ranked members; the others stand by",
+			zap.Strings("eligible", out), zap.Strings("members", g.rankedNames()))
+	default:
+		g.log.Info("the keys go to every member: they rank the same", zap.Strings("members", g.rankedNames()))
+	}
+}
+
+// rankedNames are the members with their ranks, as their sessions name
+// them (g.mu held).
+func (g *Group) rankedNames() []string {
+	out := make([]string, 0, len(g.st.members))
+	for _, m := range g.st.members {
+		if r, ok := g.st.ranks[m]; ok {
+			m = rankedName(m, r)
+		}
+		out = append(out, m)
+	}
+	return out
+}
