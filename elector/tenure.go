@@ -312,9 +312,13 @@ func (e *Elector) reserveFor(ctx context.Context, t *tenure, ls lease, to string
 func (e *Elector) reserve(ctx context.Context, t *tenure, ls lease, to string, log *zap.Logger) (string, bool) {
 	c := e.cfg
 	// The named candidate queues within milliseconds of the reservation's
-	// announcement. Wait no longer than a renew interval: no renew runs
-	// meanwhile, and the trust window must not close.
-	if err := ls.Reserve(ctx, e.target, to, min(handoverQueueWait, c.RenewInterval)); err != nil {
+	// announcement (a watcher, a few more: it hears the announcement,
+	// then queues). No renew runs meanwhile: wait while the trust window
+	// leaves a renew interval for the next renew, and at least a renew
+	// interval (a loaded machine's watcher may take that long), at most
+	// handoverQueueWait.
+	within := min(handoverQueueWait, max(c.RenewInterval, time.Until(t.trust.closes())-c.RenewInterval))
+	if err := ls.Reserve(ctx, e.target, to, within); err != nil {
 		log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
 		return "failed: " + err.Error(), false
 	}

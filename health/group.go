@@ -76,6 +76,18 @@ type GroupStatusJSON struct {
 	Demoted     map[string]int64 `json:"demoted"`
 	Live        bool             `json:"live"`
 	Ready       bool             `json:"ready"`
+	// Eligible are the members the keys go to (the best-ranked; every
+	// member when none is ranked), Ranks the ranked members' ranks, and
+	// Strategy this member's (see group.Config.Priority).
+	Eligible []string            `json:"eligible"`
+	Ranks    map[string]RankJSON `json:"ranks,omitempty"`
+	Strategy string              `json:"strategy"`
+}
+
+// RankJSON is a ranked member's rank.
+type RankJSON struct {
+	Priority int    `json:"priority"`
+	Version  string `json:"version,omitempty"`
 }
 
 // Snapshot returns the state in GroupStatusJSON's shape.
@@ -89,9 +101,21 @@ func (c *GroupChecker) Snapshot() GroupStatusJSON {
 	if members == nil {
 		members = []string{}
 	}
-	return GroupStatusJSON{Group: st.Group, Identity: st.Identity, Members: members, Keys: st.Keys, Owned: st.Owned,
+	eligible := st.Eligible
+	if eligible == nil {
+		eligible = []string{}
+	}
+	out := GroupStatusJSON{Group: st.Group, Identity: st.Identity, Members: members, Keys: st.Keys, Owned: st.Owned,
 		Connected: st.Connected, LastRound: last, LastError: st.LastError, Rounds: st.Rounds, LightRounds: st.LightRounds,
-		Elected: st.Elected, Demoted: st.Demoted, Live: c.live(st) == nil, Ready: c.Ready() == nil}
+		Elected: st.Elected, Demoted: st.Demoted, Live: c.live(st) == nil, Ready: c.Ready() == nil,
+		Eligible: eligible, Strategy: st.Strategy.String()}
+	for m, r := range st.Ranks {
+		if out.Ranks == nil {
+			out.Ranks = map[string]RankJSON{}
+		}
+		out.Ranks[m] = RankJSON{Priority: r.Priority, Version: r.Version}
+	}
+	return out
 }
 
 // Handler serves /livez, /readyz and /status, and with AllowResign

@@ -62,7 +62,8 @@ func TestGroupChecker(t *testing.T) {
 	}
 	var st health.GroupStatusJSON
 	get(t, hs.URL+"/status", http.StatusOK, &st)
-	if st.Group != t.Name() || st.Identity != "ga" || st.Keys != 4 || st.Owned != 2 || !st.Connected || !st.Live || !st.Ready || st.Elected < 2 {
+	if st.Group != t.Name() || st.Identity != "ga" || st.Keys != 4 || st.Owned != 2 || !st.Connected || !st.Live || !st.Ready || st.Elected < 2 ||
+		len(st.Eligible) != 2 || st.Strategy != "ByPriority" || st.Ranks != nil {
 		t.Fatalf("status %+v", st)
 	}
 	owned := a.Owned()

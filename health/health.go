@@ -151,6 +151,22 @@ type StatusJSON struct {
 	Connected bool       `json:"connected"`
 	Live      bool       `json:"live"`
 	Ready     bool       `json:"ready"`
+	// The elector's rank (elector.Config.Priority, Version, Strategy)
+	// and, while it leads, why it leads and the ranks candidates told it
+	// (see elector.Status).
+	Priority   int             `json:"priority"`
+	Version    string          `json:"version,omitempty"`
+	Strategy   string          `json:"strategy"`
+	Why        string          `json:"why,omitempty"`
+	Candidates []CandidateJSON `json:"candidates,omitempty"`
+}
+
+// CandidateJSON is a rank a candidate told the leader.
+type CandidateJSON struct {
+	PID      uint32    `json:"pid"`
+	Priority int       `json:"priority"`
+	Version  string    `json:"version,omitempty"`
+	Since    time.Time `json:"since"`
 }
 
 // Snapshot returns the state in StatusJSON's shape.
@@ -162,11 +178,16 @@ func (c *Checker) Snapshot() StatusJSON {
 		}
 		return &t
 	}
-	return StatusJSON{
+	out := StatusJSON{
 		Identity: st.Identity, Key: st.Key.String(), Leading: st.Leading, Leader: st.Leader,
 		Term: st.Term, Since: tp(st.Since), LastRenew: tp(st.LastRenew), LastError: st.LastError,
 		Connected: st.Connected, Live: c.live(st) == nil, Ready: c.Ready() == nil,
+		Priority: st.Priority, Version: st.Version, Strategy: st.Strategy.String(), Why: st.Why,
 	}
+	for _, cand := range st.Candidates {
+		out.Candidates = append(out.Candidates, CandidateJSON{PID: cand.PID, Priority: cand.Priority, Version: cand.Version, Since: cand.Since})
+	}
+	return out
 }
 
 func probeHandler(check func() error) http.Handler {

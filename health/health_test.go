@@ -264,12 +264,14 @@ func TestStatusJSONShape(t *testing.T) {
 	}
 	var raw map[string]any
 	json.Unmarshal([]byte(body), &raw)
-	for _, f := range []string{"identity", "key", "leading", "leader", "term", "since", "last_renew", "last_error", "connected", "live", "ready"} {
+	for _, f := range []string{"identity", "key", "leading", "leader", "term", "since", "last_renew", "last_error", "connected", "live", "ready",
+		"priority", "strategy"} {
 		if _, ok := raw[f]; !ok {
 			t.Errorf("field %q missing from %s", f, body)
 		}
 	}
-	if st.Identity != "json-a" || !st.Leading || st.Leader != "json-a" || st.Since == nil || st.LastRenew == nil || !st.Live || !st.Ready || !st.Connected {
+	if st.Identity != "json-a" || !st.Leading || st.Leader != "json-a" || st.Since == nil || st.LastRenew == nil || !st.Live || !st.Ready || !st.Connected ||
+		st.Strategy != "ByPriority" || st.Why != "first come" {
 		t.Fatalf("status: %+v", st)
 	}
 }
