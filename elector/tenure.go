@@ -313,11 +313,18 @@ func (e *Elector) reserve(ctx context.Context, t *tenure, ls lease, to string, l
 	c := e.cfg
 	// The named candidate queues within milliseconds of the reservation's
 	// announcement (a watcher, a few more: it hears the announcement,
-	// then queues). No renew runs meanwhile: wait while the trust window
-	// leaves a renew interval for the next renew, and at least a renew
-	// interval (a loaded machine's watcher may take that long), at most
-	// handoverQueueWait.
-	within := min(handoverQueueWait, max(c.RenewInterval, time.Until(t.trust.closes())-c.RenewInterval))
+	// then queues). No renew runs meanwhile, and ctx bounds every
+	// statement on the leader's connection (one it cuts short closes the
+	// connection, and the lock with it, under a leader that is still
+	// draining): wait while both the trust window and ctx leave half a
+	// RenewDeadline, for the last look and the release, and at least a
+	// renew interval (a loaded machine's watcher may take that long), at
+	// most handoverQueueWait.
+	left := time.Until(t.trust.closes())
+	if d, ok := ctx.Deadline(); ok {
+		left = min(left, time.Until(d))
+	}
+	within := min(handoverQueueWait, max(c.RenewInterval, left-c.RenewDeadline/2))
 	if err := ls.Reserve(ctx, e.target, to, within); err != nil {
 		log.Warn("handover not started: could not reserve the lock for the named candidate", zap.Error(err))
 		return "failed: " + err.Error(), false

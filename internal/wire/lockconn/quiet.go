@@ -471,7 +471,12 @@ func (l *Lease) watch(ctx context.Context, t *Target, until *time.Time) (verify 
 			return false, ctx.Err()
 		case err == nil:
 			l.heard(t, n)
-			*until = minTime(*until, q.nextPoll)
+			if !q.waiting(time.Now()) {
+				// A watcher: a hint may have made its poll due sooner. (An
+				// heir's poll time means nothing: its pause, until a
+				// lookup or after a lock given back, holds.)
+				*until = minTime(*until, q.nextPoll)
+			}
 		case errors.Is(err, context.DeadlineExceeded):
 		default:
 			return false, fmt.Errorf("%w: %w", ErrConnectionLost, err)
