@@ -99,7 +99,8 @@ func lookedUp(t *testing.T, ls *lockconn.Lease, target *lockconn.Target, holder,
 // An heir's wait outlasts deadlock_timeout (no round every 0.8 s), and yet
 // ends at once, quietly, when its caller stops (a cancel request the
 // session function catches) and when the key's leader announces itself
-// (the leader ends its heirs' waits, so that they look it up now). The session stays fit, and the server logs nothing.
+// (the leader ends its heirs' waits, so that they look it up now). The
+// session stays fit, and the server logs nothing.
 func TestHeirWaitIsLongStoppableAndWoken(t *testing.T) {
 	srv := testpg.Start(t, testpg.Options{Settings: []string{"deadlock_timeout=200ms"}})
 	ctx := context.Background()
