@@ -853,10 +853,8 @@ func rollingUpgrade(t *testing.T, s leader.Strategy) {
 	}
 	old := []*member{start("v1-a", "1.0.0"), start("v1-b", "1.0.0"), start("v1-c", "1.0.0")}
 	balanced(t, w, 12, 4, 4, "v1-a", "v1-b", "v1-c")
-	var cur []*member
 	for i, id := range []string{"v2-a", "v2-b", "v2-c"} {
 		m := start(id, "2.0.0")
-		cur = append(cur, m)
 		seen(m, 4)
 		if s == leader.NewestVersion {
 			ids := []string{"v2-a", "v2-b", "v2-c"}[:i+1]
