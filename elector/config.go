@@ -98,8 +98,10 @@ type Config struct {
 	// Key is the advisory lock that stands for leadership.
 	Key leader.Key
 	// Identity names this candidate; it becomes the connection's
-	// application_name. Default: hostname-pid. At most 63 printable ASCII
-	// characters.
+	// application_name, followed by the rank of a ranked candidate
+	// ("worker-1 [N0 1.8.0]", see leader.Rank). Default: hostname-pid. At
+	// most 63 printable ASCII characters, rank included; it may not
+	// itself end like a rank.
 	Identity string
 	// Callbacks; OnElected is required.
 	Callbacks Callbacks
@@ -168,10 +170,13 @@ type Config struct {
 	// over to it, gracefully (OnElected returns before the unlock); a
 	// leader that leaves hands over to the candidate it prefers most. A
 	// tie keeps the leader. Every candidate of a key should use the same
-	// Strategy. A rank is believed only from a session of the leader's
-	// own login role that stands for the key; it costs two notifications
-	// per ranked candidate and new leader, and nothing while every
-	// candidate is unranked (Priority 0, no Version, the default).
+	// Strategy. A ranked candidate's session carries its rank in its
+	// application_name, where every session sees it; it tells each new
+	// leader its rank with one notification, and again (backing off to
+	// 30 s) only while the leader prefers it. A rank is believed only
+	// from a session of the leader's own login role that stands for the
+	// key and carries that rank. Nothing is sent while every candidate is
+	// unranked (Priority 0, no Version, the default).
 	Priority int
 	// Version is this candidate's semantic version ("1.4.2"), compared
 	// under NewestVersion and OldestVersion. At most 64 bytes.
@@ -366,7 +371,23 @@ func (c *Config) validateRank() error {
 			return bad("Version", "%v", err)
 		}
 	}
+	if _, _, ok := leader.ParseApplicationName(c.Identity); ok {
+		return bad("Identity", "must not end like a candidate's rank (%q): ranked candidates' application_names do", " [P0]")
+	}
+	if app := c.appName(); len(app) > maxIdentityLen {
+		return bad("Identity", "with the candidate's rank, its application_name %q is %d bytes; PostgreSQL keeps %d: shorten Identity or Version", app, len(app), maxIdentityLen)
+	}
 	return nil
+}
+
+// appName is the application_name of this candidate's session: Identity,
+// then the rank when it has one (see leader.Rank), which every session
+// that sees the candidate's locks can read.
+func (c *Config) appName() string {
+	if !c.ranked() {
+		return c.Identity
+	}
+	return leader.Rank{Strategy: c.Strategy, Preference: c.preference()}.ApplicationName(c.Identity)
 }
 
 // ranked reports whether this candidate tells leaders its rank: anything

@@ -79,12 +79,15 @@ type Elector struct {
 	// last round that read the holder saw it (0: none known). Only the
 	// elector's goroutine uses it.
 	leaderPID int32
-	// rankTo is the leader's backend this candidate last told its rank
-	// (see tellRank), rankSent when, and rankAgain whether it tells it
-	// once more (the elector's goroutine only).
-	rankTo    uint32
-	rankSent  time.Time
-	rankAgain bool
+	// leaderRank is the rank of the leader named by leaderID, as its
+	// application_name says (the zero rank: unranked). rankTo is the
+	// leader's backend this candidate last told its rank (see tellRank),
+	// rankSent when, and rankGap how long until it may tell it again (the
+	// elector's goroutine only).
+	leaderRank leader.Rank
+	rankTo     uint32
+	rankSent   time.Time
+	rankGap    time.Duration
 
 	elected     chan struct{} // closed at the first election; see Elected
 	electedOnce sync.Once
@@ -266,7 +269,11 @@ func (e *Elector) WaitElected(ctx context.Context) error {
 
 func (e *Elector) now() int64 { return int64(time.Since(e.epoch)) }
 
-func (e *Elector) setLeader(id string) {
+// setLeader records the leader a round saw, by its session's
+// application_name: its identity, and its rank when it has one.
+func (e *Elector) setLeader(app string) {
+	id, r, _ := leader.ParseApplicationName(app)
+	e.leaderRank = r
 	if *e.leaderID.Load() == id {
 		return
 	}

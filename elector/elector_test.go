@@ -47,6 +47,8 @@ func TestConfigValidation(t *testing.T) {
 		{"version strategy without version", func(c *elector.Config) { c.Strategy = leader.OldestVersion }, "Version", "required with Strategy OldestVersion"},
 		{"unknown strategy", func(c *elector.Config) { c.Strategy = 7 }, "Strategy", "got 7"},
 		{"negative preferred delay", func(c *elector.Config) { c.PreferredDelay = -time.Second }, "PreferredDelay", "negative"},
+		{"identity like a rank", func(c *elector.Config) { c.Identity = "w [P1]" }, "Identity", "must not end like a candidate's rank"},
+		{"identity too long with its rank", func(c *elector.Config) { c.Identity, c.Version = strings.Repeat("a", 55), "1.0.0" }, "Identity", "with the candidate's rank"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

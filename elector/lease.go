@@ -74,7 +74,7 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	ctx, cancel = context.WithTimeout(ctx, c.LeaseDuration)
 	defer cancel()
 	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{
-		Identity: c.Identity, LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
+		Identity: c.Identity, AppName: c.appName(), LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
 		KeepIdle: c.RenewDeadline, SyncCommit: true,
 	})
 	if err != nil {

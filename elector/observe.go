@@ -157,7 +157,7 @@ func (o *observer) lookup(ctx context.Context) error {
 		v, err := lockconn.ReadValue(qctx, o.conn, o.valueSQL, o.values.TrustedOwner)
 		if err == nil {
 			o.holderPID, o.lastLookup = uint32(v.PID), time.Now()
-			o.report(leader.Proclamation{Identity: v.Holder, Value: v.Value})
+			o.report(leader.Proclamation{Identity: identity(v.Holder), Value: v.Value})
 		}
 		return err
 	}

@@ -20,7 +20,9 @@ import (
 // the resign requests' budget, off the handover's path) from pg_locks and
 // pg_stat_activity that the sender's backend (the pid the server stamped
 // on the notification) is a session of its own login role standing for
-// the key, and takes its name from there; once that candidate has stood
+// the key, whose application_name carries the rank it told (a message
+// may be anyone's of the role; the session is the candidate's own), and
+// takes its name from there; once that candidate has stood
 // for PreferredDelay, it hands over to it with the reserved handover of
 // RequestResign(..., to). A leader that leaves (Resign, Run's context,
 // OnElected returning) hands over the same way to the candidate it
@@ -45,10 +47,12 @@ const (
 	// rankRefusedFor: a sender whose rank could not be proven, or whose
 	// handover failed, is not heard again for this long.
 	rankRefusedFor = 10 * time.Second
-	// rankResend: a candidate tells a leader its rank again once, this
-	// long after the first time (a leader begins to listen with its first
-	// renew, which a quick lookup may precede).
-	rankResend = time.Second
+	// rankResend: a candidate that ranks above the leader tells it its
+	// rank again this long after the first time (a leader begins to
+	// listen with its first renew, which a quick lookup may precede), then
+	// twice as long each time, up to rankResendMax.
+	rankResend    = time.Second
+	rankResendMax = 30 * time.Second
 )
 
 // heardRank records a rank a candidate told this leader.
@@ -141,7 +145,8 @@ func (e *Elector) leaving(t *tenure, ls lease) {
 }
 
 // prove proves that c's backend is a candidate of this leader's role
-// standing for the key, and learns its name from its session. A
+// standing for the key whose session carries the rank it told (see
+// leader.Rank), and learns its name from its session. A
 // candidate that fails is not heard again for rankRefusedFor. Proofs
 // share the resign requests' budget (5 a second): a flood of forged ranks
 // from many sessions costs the leader no more queries than a flood of
@@ -153,14 +158,21 @@ func (e *Elector) prove(t *tenure, ls lease, c *candidate) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
-	name, ok, err := ls.Candidate(ctx, e.target, c.pid)
-	if err != nil || !ok || name == "" || name == e.cfg.Identity {
+	app, ok, err := ls.Candidate(ctx, e.target, c.pid)
+	name, r, ranked := leader.ParseApplicationName(app)
+	switch {
+	case err != nil || !ok || name == "" || name == e.cfg.Identity:
 		e.candidateLog(t, c).Info("a rank from a session that does not stand for the key as this leader's role is ignored", zap.Error(err))
-		e.refuseRank(t, c)
-		return false
+	case !ranked || r.Preference != c.pref:
+		// The rank its session carries is the candidate's own word; a
+		// message may be anyone's of the role.
+		e.candidateLog(t, c).Info("a rank that the sender's session does not carry is ignored", zap.String("application_name", app))
+	default:
+		c.name = name
+		return true
 	}
-	c.name = name
-	return true
+	e.refuseRank(t, c)
+	return false
 }
 
 // refuseRank forgets c, and does not hear its sender for rankRefusedFor.
@@ -216,9 +228,14 @@ func (e *Elector) why(a, b leader.Preference) string {
 }
 
 // tellRank tells a leader this candidate's rank, when it has one: on
-// first seeing the leader's backend, and once more rankResend later.
-// Losing one is harmless (the leader only hands over later, or not at
-// all), so an error is only logged.
+// first seeing the leader's backend, and again while the candidate ranks
+// above it (as the leader's application_name says, under the leader's
+// strategy, which decides), rankResend after the last time, then twice
+// as long each time up to rankResendMax. A rank sent before the new
+// leader listens, or lost with a connection, is so told again; a
+// candidate that does not rank above the leader costs nothing more.
+// Losing one is harmless (the leader only hands over later), so an error
+// is only logged.
 func (e *Elector) tellRank(ls lease, leaderPID uint32) {
 	if !e.cfg.ranked() || leaderPID == 0 || leaderPID == ls.PID() {
 		return
@@ -226,17 +243,27 @@ func (e *Elector) tellRank(ls lease, leaderPID uint32) {
 	now := time.Now()
 	switch {
 	case leaderPID != e.rankTo:
-		e.rankTo, e.rankSent, e.rankAgain = leaderPID, now, true
-	case e.rankAgain && now.Sub(e.rankSent) >= rankResend:
-		e.rankAgain = false
+		e.rankTo, e.rankGap = leaderPID, rankResend
+	case now.Sub(e.rankSent) >= e.rankGap && e.outranksLeader():
+		e.rankGap = min(2*e.rankGap, rankResendMax)
 	default:
 		return
 	}
+	e.rankSent = now
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
 	if err := ls.SendRank(ctx, e.target, leaderPID, lockconn.Rank{Priority: e.cfg.Priority, Version: e.cfg.Version}); err != nil {
 		e.log.Debug("could not tell the leader this candidate's rank", zap.Error(err))
 	}
+}
+
+// outranksLeader reports whether the leader, by the rank its
+// application_name carries, prefers this candidate to itself. An
+// unranked leader ranks ByPriority at priority 0 (only a ranked
+// candidate may have another strategy).
+func (e *Elector) outranksLeader() bool {
+	r := e.leaderRank
+	return leader.Compare(r.Strategy, e.cfg.preference(), r.Preference) > 0
 }
 
 // noteCandidates copies the tenure's candidates into the status.
@@ -255,4 +282,11 @@ func (e *Elector) noteCandidates(t *tenure) {
 		}
 	}
 	e.note(func(st *Status) { st.Candidates, st.Why = out, why })
+}
+
+// identity returns the identity a session named app has: app without the
+// rank a ranked candidate's application_name carries.
+func identity(app string) string {
+	id, _, _ := leader.ParseApplicationName(app)
+	return id
 }

@@ -196,7 +196,7 @@ func TestHighestPriorityLeads(t *testing.T) {
 	before = len(rec.elections())
 	demoted := rec.count("demoted", "prio-4")
 	conn := mustConn(t, srv)
-	if _, err := conn.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'prio-4'"); err != nil {
+	if _, err := conn.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'prio-4 [%'"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "prio-4 demoted", func() (bool, string) { return rec.count("demoted", "prio-4") > demoted, "" })
@@ -337,7 +337,7 @@ func backendOf(t *testing.T, dsn, name string) uint32 {
 	}
 	defer conn.Close(context.Background())
 	var pid uint32
-	err = conn.QueryRow(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1", name).Scan(&pid)
+	err = conn.QueryRow(context.Background(), "SELECT pid FROM pg_stat_activity WHERE application_name = $1 OR starts_with(application_name, $1 || ' [')", name).Scan(&pid)
 	if err != nil {
 		return 0
 	}
@@ -366,4 +366,70 @@ func TestPreferenceHandoverInHistory(t *testing.T) {
 		return err == nil && reason == "resigned" && strings.Contains(detail, "handover to preferred candidate hist-1 (ByPriority: priority 1 over 0)"),
 			fmt.Sprintf("%q %q %v", reason, detail, err)
 	})
+}
+
+// A rank is believed only as the sender's session carries it: a session
+// of the leader's own role that stands for the key (it holds the roster
+// lock, and queues on the key under the same name, ready for a reserved
+// handover) but whose application_name carries no rank, or another rank,
+// tells the leader it ranks above it: nothing moves.
+func TestRankNotCarriedBySessionMovesNothing(t *testing.T) {
+	srv := testpg.Start(t)
+	r := testpg.NewRoles(t, srv)
+	rec := newRecorder(t)
+	key := testKey(t)
+	core, logs := observer.New(zap.InfoLevel)
+	ldr := startWith(t, rec, opts{dsn: r.AppDSN, key: key, id: "ranked-leader", logger: zap.New(core)}, func(c *elector.Config) { c.Priority = 1 })
+	rec.next("elected", "ranked-leader")
+	target := lockconn.NewTarget(key, "", "", "")
+	ctx := context.Background()
+	var leaderPID uint32
+	eventually(t, "the leader's backend", func() (bool, string) {
+		leaderPID = backendOf(t, r.AppDSN, "ranked-leader")
+		return leaderPID != 0, ""
+	})
+	for _, app := range []string{"liar", "liar-2 [P2]"} {
+		conn := func() *pgx.Conn {
+			cfg, err := pgx.ParseConfig(r.AppDSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.RuntimeParams["application_name"] = app
+			c, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close(context.Background()) })
+			return c
+		}
+		queued := conn()
+		qctx, qcancel := context.WithCancel(ctx)
+		waited := make(chan struct{})
+		go func() {
+			defer close(waited)
+			queued.Exec(qctx, target.Call("pg_advisory_lock"), target.Vals...) //nolint:errcheck // cancelled when the test ends
+		}()
+		t.Cleanup(func() { qcancel(); <-waited })
+		roster := conn()
+		if _, err := roster.Exec(ctx, "SELECT pg_advisory_lock_shared($1::int4, $2::int4)", lockconn.Space, target.Roster()); err != nil {
+			t.Fatal(err)
+		}
+		payload := lockconn.RankPayload(leaderPID, lockconn.Rank{Priority: 100})
+		eventually(t, app+": the rank refused", func() (bool, string) {
+			if _, err := roster.Exec(ctx, "SELECT pg_notify($1, $2)", target.ResignChannel(), payload); err != nil {
+				return false, err.Error()
+			}
+			n := 0
+			for _, e := range logs.FilterMessageSnippet("a rank that the sender's session does not carry is ignored").All() {
+				if e.ContextMap()["application_name"] == app {
+					n++
+				}
+			}
+			return n > 0, ""
+		})
+	}
+	waitRounds(t, []*running{ldr}, 10)
+	if got := rec.elections(); !slices.Equal(got, []string{"ranked-leader"}) || !ldr.e.IsLeader() {
+		t.Fatalf("elections %v, IsLeader %v after ranks no session carries", got, ldr.e.IsLeader())
+	}
 }

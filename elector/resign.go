@@ -28,7 +28,9 @@ type Handover struct {
 // unlocks, and a waiting candidate takes over. With to set, the leader
 // reserves the lock for the candidate of that identity, which must stand
 // for key (quiet candidates only: a candidate on a session without its
-// campaign functions can still win a reserved lock). RequestResign returns
+// campaign functions can still win a reserved lock); a ranked candidate's
+// application_name, rank and all ("worker-2 [N0 1.8.0]"), names it too.
+// RequestResign returns
 // once a new leader holds the key, or ctx ends.
 //
 // The request is a NOTIFY on a channel derived from key; the leader reads
@@ -43,6 +45,7 @@ func RequestResign(ctx context.Context, connect Connector, key leader.Key, to st
 	if connect == nil || !key.Valid() {
 		return Handover{}, &ConfigError{Field: "RequestResign", Rule: "needs a Connector and a valid key"}
 	}
+	to = identity(to) // the reservation binds to the candidate's identity
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Minute)
@@ -76,7 +79,7 @@ func askFor(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, key leader.
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{reply}.Sanitize()); err != nil {
 		return "", 0, err
 	}
-	from, pid, err := lockconn.Holder(ctx, conn, t)
+	from, pid, err := holderOf(ctx, conn, t)
 	switch {
 	case err != nil:
 		return "", 0, err
@@ -149,7 +152,7 @@ func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from string, p
 // leader.
 func waitHandover(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from, to string, began time.Time) (Handover, error) {
 	for {
-		h, _, err := lockconn.Holder(ctx, conn, t)
+		h, _, err := holderOf(ctx, conn, t)
 		if err != nil {
 			return Handover{From: from}, err
 		}
@@ -181,3 +184,11 @@ var reservationEnds = 2*handoverQueueWait + time.Second
 // A leader reads its socket continuously between renews, so it answers in
 // a round trip or two unless its process is paused.
 var answerWait = 5 * time.Second
+
+// holderOf returns the identity of t's holder (without the rank its
+// application_name may carry) and its backend pid; "" when nobody holds
+// it.
+func holderOf(ctx context.Context, conn *pgx.Conn, t *lockconn.Target) (string, uint32, error) {
+	app, pid, err := lockconn.Holder(ctx, conn, t)
+	return identity(app), pid, err
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -306,5 +307,49 @@ func TestRequestPayload(t *testing.T) {
 		if pid, to, ok := lockconn.ParseRequest(bad); ok {
 			t.Errorf("ParseRequest(%q) = (%d, %q, true), want not a request", bad, pid, to)
 		}
+	}
+}
+
+// A handover on request to a ranked candidate, named by its identity or by
+// its application_name with its rank: the reservation binds to it (its
+// session carries the rank after its identity), and it leads next.
+func TestRequestResignToRankedCandidate(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	for i := 1; i <= 3; i++ {
+		// Equal ranks: ties keep the leader, so only the requests move it.
+		startWith(t, r, opts{dsn: srv.DSN(), key: key, id: fmt.Sprintf("rk-%d", i), deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond},
+			func(c *elector.Config) { c.Priority, c.Version = 1, "1.0.0" })
+	}
+	cur := r.next("elected", "").id
+	connect := elector.DSN(srv.DSN())
+	ids := []string{"rk-1", "rk-2", "rk-3"}
+	for _, asName := range []bool{true, false} {
+		to := ids[(slices.Index(ids, cur)+1)%len(ids)]
+		eventually(t, to+" stands by", func() (bool, string) {
+			conn := mustConn(t, srv)
+			defer conn.Close(ctx)
+			h, err := leader.Holder(ctx, conn, key)
+			if err != nil || h.Holder.Identity != cur {
+				return false, fmt.Sprint(h, err)
+			}
+			ok, err := lockconn.Standing(ctx, conn, lockconn.NewTarget(key, "", "", ""), to)
+			return ok && err == nil, fmt.Sprintf("%s standing: %v %v", to, ok, err)
+		})
+		name := to
+		if asName {
+			name = to + " [P1 1.0.0]"
+		}
+		ho, err := elector.RequestResign(ctx, connect, key, name)
+		if err != nil {
+			t.Fatalf("to %q: %v", name, err)
+		}
+		if ho.From != cur || ho.To != to {
+			t.Fatalf("asked %s for %q: handover %+v", cur, name, ho)
+		}
+		r.next("elected", to)
+		cur = to
 	}
 }

@@ -160,6 +160,11 @@ func (s *scriptLease) Candidate(context.Context, *lockconn.Target, uint32) (stri
 
 func (s *scriptLease) Record(context.Context, string, ...any) error { return nil }
 
+func (s *scriptLease) SendRank(context.Context, *lockconn.Target, uint32, lockconn.Rank) error {
+	s.record("rank")
+	return nil
+}
+
 func (s *scriptLease) Unlock(ctx context.Context, t *lockconn.Target) error {
 	s.record("unlock")
 	return nil
@@ -484,5 +489,45 @@ func TestScriptedLeavingSkipsALowRank(t *testing.T) {
 	eventually(t, "the step-down", func() (bool, string) { return ls.count("unlock") > 0, "" })
 	if n := ls.count("candidate"); n != 0 {
 		t.Fatalf("%d proofs of a candidate below the default rank: a leaving leader handed over to it", n)
+	}
+}
+
+// A ranked candidate tells a leader its rank on first seeing it, and
+// tells it again (1 s later, then 2 s, ...) only while the leader's own
+// application_name says it prefers the candidate to itself: a rank sent
+// before the new leader listened, or lost, is not lost for good, and a
+// candidate the leader would not hand over to costs it nothing more.
+func TestScriptedRankToldAgainOnlyWhileOutranking(t *testing.T) {
+	for _, tt := range []struct {
+		name, holder string
+		again        bool
+	}{
+		{"an unranked leader", "the-leader", true},
+		{"a leader of a lower priority", "the-leader [P0]", true},
+		{"a leader of the same priority", "the-leader [P1]", false},
+		{"a leader of a higher priority", "the-leader [P2]", false},
+		{"a newer leader under NewestVersion", "the-leader [N0 2.0.0]", false},
+		{"an older leader under NewestVersion", "the-leader [N5 1.0.0]", true},
+		{"an older leader under OldestVersion", "the-leader [O0 1.0.0]", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ls := &scriptLease{idle: &lockconn.Round{Busy: true, Holder: tt.holder, HolderPID: 7}}
+			sc := runScripted(t, ls, func(c *elector.Config) { c.Priority, c.Version = 1, "1.5.0" })
+			eventually(t, "the first rank", func() (bool, string) { return ls.count("rank") == 1, "" })
+			if got := sc.e.Leader(); got != "the-leader" {
+				t.Fatalf("Leader() = %q, want the identity without its rank", got)
+			}
+			if tt.again {
+				eventually(t, "the rank told again", func() (bool, string) { return ls.count("rank") >= 2, "" })
+				return
+			}
+			// The first resend would be due 1 s after the first rank.
+			began := time.Now()
+			eventually(t, "rounds for 1.5 s", func() (bool, string) { return time.Since(began) > 1500*time.Millisecond, "" })
+			if n := ls.count("rank"); n != 1 {
+				t.Fatalf("the rank told %d times to a leader that does not prefer this candidate, want once", n)
+			}
+		})
 	}
 }

@@ -532,7 +532,8 @@ func (e *Elector) setLeaderIfSelf() {
 func (e *Elector) unreserve(t *tenure, ls lease) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), handoverQueueWait+e.cfg.RenewDeadline)
 	defer cancel()
-	holder, err := ls.Unreserve(ctx, e.target, t.handoverTo, handoverQueueWait)
+	app, err := ls.Unreserve(ctx, e.target, t.handoverTo, handoverQueueWait)
+	holder := identity(app)
 	switch {
 	case err != nil:
 		t.log.Warn("could not release the handover's reservation; closing the connection", zap.Error(err))

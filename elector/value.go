@@ -232,6 +232,6 @@ func (e *Elector) followValue(ls lease, r lockconn.Round) error {
 	// The read proved who holds the lock, and its backend.
 	e.setLeader(v.Holder)
 	e.leaderPID, e.valuePID = v.PID, v.PID
-	e.setLeaderValue(leader.Proclamation{Identity: v.Holder, Value: v.Value})
+	e.setLeaderValue(leader.Proclamation{Identity: identity(v.Holder), Value: v.Value})
 	return nil
 }

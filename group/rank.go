@@ -3,8 +3,6 @@ package group
 import (
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -35,42 +33,18 @@ type memberRank struct {
 	pref     leader.Preference
 }
 
-// strategyLetters name the strategies in application_name.
-var strategyLetters = map[leader.Strategy]byte{leader.ByPriority: 'P', leader.NewestVersion: 'N', leader.OldestVersion: 'O'}
-
 // rankedName is the application_name of a member named identity with rank
 // r.
 func rankedName(identity string, r memberRank) string {
-	s := identity + " [" + string(strategyLetters[r.strategy]) + strconv.Itoa(r.pref.Priority)
-	if r.pref.Version != "" {
-		s += " " + r.pref.Version
-	}
-	return s + "]"
+	return leader.Rank{Strategy: r.strategy, Preference: r.pref}.ApplicationName(identity)
 }
 
 // parseMember splits a member's application_name into its name and, when
-// it carries one, its rank (see rankedName). A name whose suffix does not
-// parse is a plain name.
+// it carries one, its rank (see leader.ParseApplicationName). A name
+// whose suffix does not parse is a plain name.
 func parseMember(app string) (string, memberRank, bool) {
-	i := strings.LastIndex(app, " [")
-	if i <= 0 || !strings.HasSuffix(app, "]") || len(app) < i+4 {
-		return app, memberRank{}, false
-	}
-	inner := app[i+2 : len(app)-1]
-	var r memberRank
-	found := false
-	for s, l := range strategyLetters {
-		if inner[0] == l {
-			r.strategy, found = s, true
-		}
-	}
-	prio, version, hasVersion := strings.Cut(inner[1:], " ")
-	p, err := strconv.Atoi(prio)
-	if !found || err != nil || strconv.Itoa(p) != prio || hasVersion && leader.ValidVersion(version) != nil {
-		return app, memberRank{}, false
-	}
-	r.pref = leader.Preference{Priority: p, Version: version}
-	return app[:i], r, true
+	name, r, ok := leader.ParseApplicationName(app)
+	return name, memberRank{strategy: r.Strategy, pref: r.Preference}, ok
 }
 
 // splitMembers parses the application_names a scan read: the members'

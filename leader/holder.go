@@ -16,8 +16,12 @@ type Querier interface {
 // Backend describes a backend that holds or waits for an advisory lock, as
 // pg_locks and pg_stat_activity show it.
 type Backend struct {
-	// Identity is the session's application_name (an elector's identity).
+	// Identity is the session's application_name (an elector's identity),
+	// without the rank a ranked candidate's carries (see Rank).
 	Identity string
+	// Rank is a ranked candidate's rank, from its application_name; nil
+	// for an unranked one (see ParseApplicationName).
+	Rank *Rank
 	// PID is the backend's process id.
 	PID uint32
 	// User is the session's role name.
@@ -79,6 +83,9 @@ ORDER BY l.granted DESC, a.backend_start, l.pid`, classid, objid, objsubid)
 			return HolderInfo{}, err
 		}
 		s.PID = uint32(pid)
+		if id, r, ok := ParseApplicationName(s.Identity); ok {
+			s.Identity, s.Rank = id, &r
+		}
 		if start != nil {
 			s.BackendStart = *start
 		}

@@ -117,7 +117,7 @@ func TestHolderFindsHolderAndWaiters(t *testing.T) {
 	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
 		t.Fatal(err)
 	}
-	waiter := connAs("the-waiter")
+	waiter := connAs("the-waiter [N2 1.8.0]") // a ranked candidate
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -146,6 +146,10 @@ func TestHolderFindsHolderAndWaiters(t *testing.T) {
 	}
 	if !h.Held || h.Identity() != "the-holder" || h.Holder.User != "postgres" || h.Waiters[0].Identity != "the-waiter" || h.Holder.PID == 0 {
 		t.Fatalf("Holder: %+v", h)
+	}
+	want := leader.Rank{Strategy: leader.NewestVersion, Preference: leader.Preference{Priority: 2, Version: "1.8.0"}}
+	if h.Holder.Rank != nil || h.Waiters[0].Rank == nil || *h.Waiters[0].Rank != want {
+		t.Fatalf("ranks: the holder's %+v (want none), the waiter's %+v (want %+v)", h.Holder.Rank, h.Waiters[0].Rank, want)
 	}
 	cancel()
 	<-done

@@ -181,7 +181,7 @@ func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time
 			return "", err
 		}
 		holder = h
-		if h == to || time.Now().After(deadline) {
+		if Names(h, to) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(2 * time.Millisecond)

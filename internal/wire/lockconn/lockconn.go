@@ -20,6 +20,7 @@
 package lockconn
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -147,7 +148,10 @@ func (t Tag) Call(fn string) string { return "SELECT " + fn + "(" + t.Args + ")"
 
 // Settings configure a session.
 type Settings struct {
-	Identity    string        // application_name
+	Identity string // the candidate's identity
+	// AppName is the session's application_name: Identity when empty (a
+	// ranked candidate's carries its rank after Identity).
+	AppName     string
 	LockTimeout time.Duration // lock_timeout for every statement
 	// Lease is idle_session_timeout (PostgreSQL 14+), tcp_user_timeout,
 	// and about the span of the server's keepalive probing.
@@ -299,7 +303,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	keepIdle := max(1, int(s.KeepIdle/time.Second))
 	keepCount := max(1, int((s.Lease-time.Duration(keepIdle)*time.Second)/time.Second))
 	sets := [][2]string{
-		{"application_name", s.Identity},
+		{"application_name", cmp.Or(s.AppName, s.Identity)},
 		{"lock_timeout", ms(s.LockTimeout)},
 		{"statement_timeout", "0"},
 		{"idle_in_transaction_session_timeout", "0"},

@@ -71,3 +71,31 @@ func (l *Lease) Candidate(ctx context.Context, t *Target, pid uint32) (name stri
 	}
 	return name, true, nil
 }
+
+// Names reports whether a session whose application_name is app is the
+// candidate identity: app is identity, or identity and a ranked
+// candidate's rank, " [N0 1.8.0]" (leader.Rank; the handover statements
+// match names the same way).
+func Names(app, identity string) bool {
+	if app == identity {
+		return true
+	}
+	rest, ok := strings.CutPrefix(app, identity+" [")
+	if !ok || identity == "" {
+		return false
+	}
+	rest, ok = strings.CutSuffix(rest, "]")
+	if !ok || rest == "" || !strings.ContainsRune("PNO", rune(rest[0])) {
+		return false
+	}
+	prio, version, hasVersion := strings.Cut(strings.TrimPrefix(rest[1:], "-"), " ")
+	if prio == "" || strings.Trim(prio, "0123456789") != "" {
+		return false
+	}
+	if !hasVersion {
+		return true
+	}
+	version = strings.TrimPrefix(version, "v")
+	return version != "" && version[0] >= '0' && version[0] <= '9' &&
+		strings.Trim(version, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+-") == ""
+}

@@ -14,12 +14,16 @@ SELECT r.rolname::text, r.rolsuper OR pg_has_role(r.oid, session_user, 'MEMBER')
 -- (no lock_timeout at the commit's notify queue lock: see group.sql's join)
 SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true)
 
+-- A session named N: its application_name is N, or N and a ranked
+-- candidate's rank ("N [N0 1.8.0]", see leader.Rank), as the standing,
+-- reserve and queued statements match it.
+
 -- name: standing
 -- A session named $1 stands for the key: it holds the key's roster lock
 -- ($2, $3, 2) in share mode (a quiet candidate) or waits for the key
 -- ($4, $5, $6).
 SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
-  WHERE l.locktype = 'advisory' AND a.application_name = $1 AND l.pid <> pg_backend_pid()
+  WHERE l.locktype = 'advisory' AND (a.application_name = $1 OR (starts_with(a.application_name, $1 || ' [') AND substr(a.application_name, length($1) + 1) ~ '^ \[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\]$')) AND l.pid <> pg_backend_pid()
     AND ((l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = 2 AND l.granted)
       OR (l.classid = $4::oid AND l.objid = $5::oid AND l.objsubid = $6::int2 AND NOT l.granted)))
 
@@ -32,13 +36,15 @@ SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid
 -- and the reservation then needs no second round trip.
 SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END,
   g AND n AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
-    WHERE l.locktype = 'advisory' AND l.classid = $6::oid AND l.objid = $7::oid AND l.objsubid = $8::int2 AND NOT l.granted AND a.application_name = $5)
+    WHERE l.locktype = 'advisory' AND l.classid = $6::oid AND l.objid = $7::oid AND l.objsubid = $8::int2 AND NOT l.granted
+      AND (a.application_name = $5 OR (starts_with(a.application_name, $5 || ' [') AND substr(a.application_name, length($5) + 1) ~ '^ \[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\]$')))
 FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n, set_config('lock_timeout', '0', true) x) s
 
 -- name: queued
 -- A session named $1 waits for the key ($2, $3, $4).
 SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
-  WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = $4::int2 AND NOT l.granted AND a.application_name = $1)
+  WHERE l.locktype = 'advisory' AND l.classid = $2::oid AND l.objid = $3::oid AND l.objsubid = $4::int2 AND NOT l.granted
+    AND (a.application_name = $1 OR (starts_with(a.application_name, $1 || ' [') AND substr(a.application_name, length($1) + 1) ~ '^ \[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\]$')))
 
 -- name: release
 -- Release the gate ($1, $2) when $4, the name lock ($1, $3) when $5.
