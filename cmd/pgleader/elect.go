@@ -27,12 +27,13 @@ import (
 )
 
 func cmdElect(args []string, stdout, stderr io.Writer) error {
-	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [--value V] [-n N] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
+	fs, dsn := newFlags("elect", "elect [--dsn DSN] [--identity ID] [--value V] [-n N] [--priority P] [--version V --strategy S] [--grace D] [--fencing] [--listen ADDR] [--verbose] NAME -- COMMAND [ARGS...]",
 		`  pgleader elect scheduler -- ./scheduler --config prod.yaml   # on every replica: one runs it
   pgleader elect --grace 30s consumer -- ./consume                # longer drain on demotion
   pgleader elect --fencing --listen :8080 consumer -- ./consume   # terms and history; probes and metrics
   pgleader elect -n 3 backfill -- ./backfill                      # at most 3 replicas run it; $PGLEADER_SLOT is 0, 1 or 2
   pgleader elect --value http://10.0.0.7:8080 web -- ./serve      # the leader's address, for pgleader status and ObserveValues
+  pgleader elect --version 1.8.0 --strategy newest job -- ./job   # leadership moves to the newest version standing (docs/rolling-upgrades.md)
 The command gets PGLEADER_NAME, PGLEADER_IDENTITY, with -n PGLEADER_SLOT, and,
 with --fencing, PGLEADER_TERM and PGLEADER_TERMS_TABLE (for leader.Fence) in
 its environment. With -n N every replica must pass the same N; slot i is
@@ -47,6 +48,9 @@ the election NAME#i (NAME itself for slot 0), as pgleader status shows it.
 	interval := fs.Duration("renew-interval", elector.DefaultRenewInterval, "renew interval")
 	deadline := fs.Duration("renew-deadline", elector.DefaultRenewDeadline, "renew deadline (trust window)")
 	lease := fs.Duration("lease", elector.DefaultLeaseDuration, "server-side lease")
+	priority := fs.Int("priority", 0, "preferred leaders: a leader hands over to a standing candidate of a higher priority")
+	version := fs.String("version", "", "this replica's semantic version, for --strategy newest or oldest")
+	strategy := fs.String("strategy", "priority", "which candidate a leader prefers: priority, newest (version) or oldest (version)")
 	verbose := fs.Bool("verbose", false, "log elections and demotions to stderr")
 	fencing := fs.Bool("fencing", false, "fencing terms and the history table (created when missing)")
 	listen := fs.String("listen", "", "serve /livez, /readyz, /status and /metrics on this address")
@@ -60,6 +64,10 @@ the election NAME#i (NAME itself for slot 0), as pgleader status shows it.
 	name, argv, err := splitCommand(fs.Args())
 	if err != nil {
 		return err
+	}
+	strat, ok := map[string]leader.Strategy{"priority": leader.ByPriority, "newest": leader.NewestVersion, "oldest": leader.OldestVersion}[*strategy]
+	if !ok {
+		return usageError{msg: fmt.Sprintf("--strategy must be priority, newest or oldest, got %q", *strategy)}
 	}
 	logger := zap.NewNop()
 	if *verbose {
@@ -99,6 +107,9 @@ the election NAME#i (NAME itself for slot 0), as pgleader status shows it.
 		Connect:  elector.DSN(dsn.get()),
 		Key:      leader.KeyFromName(name),
 		Identity: *identity,
+		Priority: *priority,
+		Version:  *version,
+		Strategy: strat,
 		Logger:   logger,
 		Callbacks: elector.Callbacks{
 			OnElected: func(ctx context.Context, l leader.Leadership) {

@@ -26,11 +26,13 @@ type groupView struct {
 }
 
 type groupMember struct {
-	Identity string     `json:"identity"`
-	PID      uint32     `json:"pid"`
-	User     string     `json:"user"`
-	Owned    int        `json:"owned"`
-	Since    *time.Time `json:"since,omitempty"` // the member's session start
+	Identity string `json:"identity"`
+	// Rank is a ranked member's, from its application_name.
+	Rank  *rankStatus `json:"rank,omitempty"`
+	PID   uint32      `json:"pid"`
+	User  string      `json:"user"`
+	Owned int         `json:"owned"`
+	Since *time.Time  `json:"since,omitempty"` // the member's session start
 }
 
 // readGroups finds the groups whose members' sessions show their marker,
@@ -78,11 +80,14 @@ ORDER BY 1, 3, 2`, names, classes, objs)
 		var name string
 		var m groupMember
 		var pid int32
-		if err := rows.Scan(&name, &pid, &m.Identity, &m.User, &m.Since); err != nil {
+		var app string
+		if err := rows.Scan(&name, &pid, &app, &m.User, &m.Since); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		m.PID = uint32(pid)
+		var ss sessionStatus
+		ss.parseApp(app)
+		m.PID, m.Identity, m.Rank = uint32(pid), ss.Identity, ss.Rank
 		g := byName[name]
 		g.Members = append(g.Members, m)
 		member[m.PID] = g
@@ -137,7 +142,8 @@ func renderGroups(w io.Writer, groups []*groupView) {
 	for _, g := range groups {
 		var ms []string
 		for _, m := range g.Members {
-			ms = append(ms, fmt.Sprintf("%s(%d) %d", show(m.Identity), m.PID, m.Owned))
+			ss := sessionStatus{Identity: m.Identity, Rank: m.Rank}
+			ms = append(ms, fmt.Sprintf("%s(%d) %d", ss.label(), m.PID, m.Owned))
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", show(g.Name), g.Keys, g.Leaderless, orDash(strings.Join(ms, ", ")))
 	}

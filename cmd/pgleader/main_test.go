@@ -89,6 +89,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"lock", "--help"}, nil, exitOK, "Examples"},
 		{[]string{"status", "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"}, nil, exitError, "failed to connect"},
 		{[]string{"elect", "--dsn", "postgres://x@127.0.0.1:1/db", "name", "--", "/nonexistent/cmd"}, nil, exitError, "cannot start"},
+		{[]string{"elect", "--dsn", "postgres://x@127.0.0.1:1/db", "--strategy", "latest", "name", "--", "sh"}, nil, exitUsage, "--strategy must be priority, newest or oldest"},
+		{[]string{"elect", "--dsn", "postgres://x@127.0.0.1:1/db", "--strategy", "newest", "name", "--", "sh"}, nil, exitUsage, "Version: required with Strategy NewestVersion"},
 	} {
 		code, out := cli(t, tc.env, tc.args...)
 		if code != tc.code || !strings.Contains(out, tc.want) {
@@ -1089,5 +1091,137 @@ func TestElectValue(t *testing.T) {
 			t.Fatalf("no value within 30s: exit %d, %s", code, out)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A ranked candidate's sessions carry its rank in their application_name
+// (leader.Rank): status shows each session's identity and rank apart, and
+// why the holder leads.
+func TestStatusShowsRanks(t *testing.T) {
+	s := server(t)
+	ctx := context.Background()
+	key := leader.KeyFromName("ranked-status")
+	args, vals := key.SQLArgs(1)
+	connAs := func(app string) *pgx.Conn {
+		cfg, err := pgx.ParseConfig(s.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	if _, err := connAs("ranked-holder [N0 1.0.0]").Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
+		t.Fatal(err)
+	}
+	w := connAs("ranked-waiter [N3 2.0.0]")
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); w.Exec(wctx, "SELECT pg_advisory_lock("+args+")", vals...) }()
+	defer func() { cancel(); <-done }()
+	waitWaiting(t, s.DSN(), key)
+	code, out := cli(t, nil, "status", "--dsn", s.DSN(), "--json", "ranked-status")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	var l lockStatus
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if h := l.Holder; h == nil || h.Identity != "ranked-holder" || h.Rank == nil || *h.Rank != (rankStatus{Strategy: "NewestVersion", Version: "1.0.0"}) {
+		t.Fatalf("holder: %s", out)
+	}
+	if len(l.Waiters) != 1 || l.Waiters[0].Identity != "ranked-waiter" || l.Waiters[0].Rank == nil ||
+		*l.Waiters[0].Rank != (rankStatus{Strategy: "NewestVersion", Priority: 3, Version: "2.0.0"}) {
+		t.Fatalf("waiters: %s", out)
+	}
+	if want := `a preferred candidate stands: ranked-waiter [N3 2.0.0] (NewestVersion: version "2.0.0" over "1.0.0")`; !strings.HasPrefix(l.Why, want) {
+		t.Fatalf("why %q, want it to begin %q", l.Why, want)
+	}
+	code, out = cli(t, nil, "status", "--dsn", s.DSN(), "ranked-status")
+	if code != 0 || !strings.Contains(out, "ranked-holder [N0 1.0.0]") || !strings.Contains(out, "ranked-waiter [N3 2.0.0](") ||
+		!strings.Contains(out, "why ranked-holder [N0 1.0.0] leads ranked-status: a preferred candidate stands") {
+		t.Fatalf("table: %s", out)
+	}
+}
+
+// Why a holder leads: by its own strategy (an unranked one's is
+// ByPriority at priority 0), over every candidate, waiting or watching.
+func TestRankWhy(t *testing.T) {
+	sess := func(app string) sessionStatus {
+		var s sessionStatus
+		s.parseApp(app)
+		return s
+	}
+	for _, tt := range []struct {
+		holder            string
+		waiters, watching []string
+		want              string
+	}{
+		{"a", []string{"b"}, nil, ""},
+		{"a [P0]", nil, nil, "first come (no candidate stands)"},
+		{"a [P2]", []string{"b [P1]"}, []string{"c"}, "preferred (ByPriority: priority 2 over 1)"},
+		{"a [P1]", []string{"b"}, []string{"c [P2]"}, "a preferred candidate stands: c [P2] (ByPriority: priority 2 over 1)"},
+		{"a", []string{"b [P1]"}, nil, "a preferred candidate stands: b [P1] (ByPriority: priority 1 over 0)"},
+		{"a", []string{"b [P-1]"}, nil, "preferred (ByPriority: priority 0 over -1)"},
+		{"a [P0]", []string{"b"}, nil, "first come"},
+		{"a [O0 1.0.0]", []string{"b [O9 2.0.0]"}, nil, `preferred (OldestVersion: version "1.0.0" over "2.0.0")`},
+		{"a [N0 1.0.0]", []string{"b [N0 1.0.0]", "c [N1 1.0.0]"}, nil, "a preferred candidate stands: c [N1 1.0.0] (NewestVersion: priority 1 over 0)"},
+	} {
+		ls := &lockStatus{}
+		h := sess(tt.holder)
+		ls.Holder = &h
+		for _, w := range tt.waiters {
+			ls.Waiters = append(ls.Waiters, sess(w))
+		}
+		for _, w := range tt.watching {
+			ls.Watching = append(ls.Watching, sess(w))
+		}
+		if got := rankWhy(ls); !strings.HasPrefix(got, tt.want) || tt.want == "" && got != "" {
+			t.Errorf("%s, waiting %v, watching %v: why %q, want %q", tt.holder, tt.waiters, tt.watching, got, tt.want)
+		}
+	}
+}
+
+// elect --priority: a replica of a higher priority that starts later is
+// handed the lead (after its PreferredDelay), and status shows both ranks
+// and why the leader leads.
+func TestElectPreferredReplica(t *testing.T) {
+	dsn := server(t).DSN()
+	log := filepath.Join(t.TempDir(), "runs")
+	start := func(id, prio string) {
+		cmd := exec.Command(bin, "elect", "--dsn", dsn, "--identity", id, "--priority", prio, "--renew-interval", "100ms",
+			"--renew-deadline", "500ms", "--lease", "1500ms", "--grace", "5s", "rankedsvc", "--", "sh", "-c", `echo start-$ID >> "$LOG"; exec sleep 600`)
+		cmd.Env = append(os.Environ(), "ID="+id, "LOG="+log)
+		proc.Prepare(cmd, proc.Options{DeathSignal: syscall.SIGKILL})
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	start("rank-low", "1")
+	waitLines(t, log, 1)
+	start("rank-high", "2")
+	if lines := waitLines(t, log, 2); strings.Join(lines[:2], " ") != "start-rank-low start-rank-high" {
+		t.Fatalf("runs %v; want rank-low, then rank-high", lines)
+	}
+	deadline := time.Now().Add(waitLong)
+	for {
+		code, out := cli(t, nil, "status", "--dsn", dsn, "--json", "rankedsvc")
+		var l lockStatus
+		if code == 0 && json.Unmarshal([]byte(out), &l) == nil && l.Holder != nil && l.Holder.Identity == "rank-high" && len(l.Waiters)+len(l.Watching) == 1 {
+			if l.Holder.Rank == nil || l.Holder.Rank.Priority != 2 || l.Why != "preferred (ByPriority: priority 2 over 1)" {
+				t.Fatalf("status: %s", out)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status: exit %d: %s", code, out)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -105,10 +105,10 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 {{range .Locks}}{{$now := $.Now}}
 <tr class="{{if .Holder}}led{{else}}leaderless{{end}}">
 <td><span class="name">{{if .Name}}{{.Name}}{{else}}(unnamed){{end}}</span><br><span class="key">{{.Key}}</span></td>
-<td>{{with .Holder}}<span class="leader">{{if .Identity}}{{.Identity}}{{else}}(no application_name){{end}}</span><br><span class="sub">pid {{.PID}} · {{.User}}</span>{{with .Value}}<br><span class="sub">value {{.}}</span>{{end}}{{else}}<span class="none">NO LEADER</span>{{end}}</td>
+<td>{{with .Holder}}<span class="leader">{{if .Identity}}{{.Identity}}{{else}}(no application_name){{end}}</span>{{with .Rank}} <span class="sub">{{.Strategy}} priority {{.Priority}}{{with .Version}} version {{.}}{{end}}</span>{{end}}<br><span class="sub">pid {{.PID}} · {{.User}}</span>{{with .Value}}<br><span class="sub">value {{.}}</span>{{end}}{{else}}<span class="none">NO LEADER</span>{{end}}{{with .Why}}<br><span class="sub">why: {{.}}</span>{{end}}</td>
 <td>{{with .Holder}}{{if .HeldSince}}{{if not .HeldSinceExact}}&lt;{{end}}{{age $now .HeldSince}}{{end}}{{end}}</td>
 <td>{{if .Term}}{{.Term}}{{end}}</td>
-<td>{{range .Waiters}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}} <span class="sub">{{if .StandingSince}}{{age $now .StandingSince}}{{else if .WaitingSince}}{{age $now .WaitingSince}}{{end}}</span></div>{{end}}</td>
+<td>{{range .Waiters}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{with .Rank}} <span class="sub">{{.Strategy}} priority {{.Priority}}{{with .Version}} version {{.}}{{end}}</span>{{end}} <span class="sub">{{if .StandingSince}}{{age $now .StandingSince}}{{else if .WaitingSince}}{{age $now .WaitingSince}}{{end}}</span></div>{{end}}</td>
 <td>{{len .Watching}}</td>
 <td>{{with .LastHandover}}{{ago $now .At}}{{if .From}}<br><span class="sub">from {{.From}}{{if .Reason}} ({{.Reason}}){{end}}</span>{{end}}{{end}}</td>
 </tr>

@@ -38,7 +38,11 @@ type lockStatus struct {
 	// LastHandover: the newest term's start, from the history table.
 	LastHandover *handover `json:"last_handover,omitempty"`
 	// Group names the group.Group whose member holds the key.
-	Group string   `json:"group,omitempty"`
+	Group string `json:"group,omitempty"`
+	// Why says why the holder leads, when it or a candidate is ranked (see
+	// rankWhy): "preferred (...)", "a preferred candidate stands (...)" or
+	// "first come".
+	Why   string   `json:"why,omitempty"`
 	order [3]int64 // key space, then the key's value(s): numeric order
 }
 
@@ -52,8 +56,11 @@ type handover struct {
 
 type sessionStatus struct {
 	Identity string `json:"identity"`
-	PID      uint32 `json:"pid"`
-	User     string `json:"user"`
+	// Rank is a ranked candidate's, from its application_name (see
+	// leader.Rank).
+	Rank *rankStatus `json:"rank,omitempty"`
+	PID  uint32      `json:"pid"`
+	User string      `json:"user"`
 	// HeldSince is when the lock was granted, known from the fencing terms
 	// table; otherwise the session's start (an upper bound), and
 	// HeldSinceExact is false.
@@ -73,6 +80,83 @@ type sessionStatus struct {
 	Value       *string `json:"value,omitempty"`
 	ValueBase64 []byte  `json:"value_base64,omitempty"`
 	started     *time.Time
+	app         string // the application_name, rank and all
+}
+
+// rankStatus is a ranked candidate's rank.
+type rankStatus struct {
+	Strategy string `json:"strategy"`
+	Priority int    `json:"priority"`
+	Version  string `json:"version,omitempty"`
+	rank     leader.Rank
+}
+
+// parseApp sets s's identity and rank from its application_name.
+func (s *sessionStatus) parseApp(app string) {
+	s.app, s.Identity = app, app
+	if id, r, ok := leader.ParseApplicationName(app); ok {
+		s.Identity = id
+		s.Rank = &rankStatus{Strategy: r.Strategy.String(), Priority: r.Priority, Version: r.Version, rank: r}
+	}
+}
+
+// label is the session's identity, and its rank when it has one, for
+// text.
+func (s *sessionStatus) label() string {
+	if s.Rank == nil {
+		return show(s.Identity)
+	}
+	return show(s.Identity) + " " + strings.TrimPrefix(s.Rank.rank.ApplicationName(""), " ")
+}
+
+// rankWhy says why the holder of ls leads, when it or a candidate is
+// ranked ("" when none is): the holder prefers candidates by its own
+// strategy, an unranked one ByPriority at priority 0, as an elector does.
+func rankWhy(ls *lockStatus) string {
+	h := ls.Holder
+	if h == nil {
+		return ""
+	}
+	ranked := h.Rank != nil
+	var mine leader.Rank
+	if ranked {
+		mine = h.Rank.rank
+	}
+	var best *sessionStatus
+	var bestRank leader.Rank
+	for _, group := range [][]sessionStatus{ls.Waiters, ls.Watching} {
+		for i := range group {
+			c := &group[i]
+			var r leader.Rank
+			if c.Rank != nil {
+				ranked, r = true, c.Rank.rank
+			}
+			if best == nil || leader.Compare(mine.Strategy, r.Preference, bestRank.Preference) > 0 {
+				best, bestRank = c, r
+			}
+		}
+	}
+	switch {
+	case !ranked:
+		return ""
+	case best == nil:
+		return "first come (no candidate stands)"
+	}
+	switch leader.Compare(mine.Strategy, mine.Preference, bestRank.Preference) {
+	case 1:
+		return "preferred (" + rankReason(mine.Strategy, mine.Preference, bestRank.Preference) + ")"
+	case -1:
+		return "a preferred candidate stands: " + best.label() + " (" + rankReason(mine.Strategy, bestRank.Preference, mine.Preference) + "); the leader hands over after its PreferredDelay"
+	}
+	return "first come"
+}
+
+// rankReason says why a is preferred to b under s.
+func rankReason(s leader.Strategy, a, b leader.Preference) string {
+	if (s == leader.NewestVersion || s == leader.OldestVersion) && leader.CompareVersions(a.Version, b.Version) != 0 {
+		return fmt.Sprintf("%s: version %q over %q", s, a.Version, b.Version)
+	}
+	return fmt.Sprintf("%s: priority %d over %d", s, a.Priority, b.Priority)
 }
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -299,10 +383,11 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 		var pid int32
 		var s sessionStatus
 		var start, wait *time.Time
-		var mode, query string
-		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &s.Identity, &s.User, &start, &wait, &mode, &query); err != nil {
+		var app, mode, query string
+		if err := rows.Scan(&classid, &objid, &objsubid, &granted, &pid, &app, &s.User, &start, &wait, &mode, &query); err != nil {
 			return nil, err
 		}
+		s.parseApp(app)
 		s.PID, s.started = uint32(pid), start
 		if int32(classid) == lockconn.Space && objsubid == 2 {
 			// A roster or an heir slot: pgleader's own bookkeeping, shown
@@ -364,6 +449,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 				ls.Waiters[i].StandingSince = w.started
 			}
 		}
+		ls.Why = rankWhy(ls)
 	}
 	readLastHandovers(ctx, conn, tbl.history, byKey)
 	// Names, terms and election times from the fencing table, when it
@@ -414,7 +500,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.backend_start, l.pid`
 func sessionList(ss []sessionStatus) string {
 	var names []string
 	for _, s := range ss {
-		names = append(names, fmt.Sprintf("%s(%d)", show(s.Identity), s.PID))
+		names = append(names, fmt.Sprintf("%s(%d)", s.label(), s.PID))
 	}
 	return strings.Join(names, ", ")
 }
@@ -438,7 +524,7 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 	for _, l := range locks {
 		holder, pid, user, held, term := "-", "-", "-", "-", "-"
 		if h := l.Holder; h != nil {
-			holder, pid, user = show(h.Identity), fmt.Sprint(h.PID), show(h.User)
+			holder, pid, user = h.label(), fmt.Sprint(h.PID), show(h.User)
 			if h.HeldSince != nil {
 				held = now.Sub(*h.HeldSince).Round(time.Second).String()
 				if !h.HeldSinceExact {
@@ -454,7 +540,7 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 		}
 		var waiting []string
 		for _, s := range l.Waiters {
-			w := fmt.Sprintf("%s(%d)", show(s.Identity), s.PID)
+			w := fmt.Sprintf("%s(%d)", s.label(), s.PID)
 			switch {
 			case s.StandingSince != nil:
 				w += " " + now.Sub(*s.StandingSince).Round(time.Second).String()
@@ -485,6 +571,16 @@ func renderStatus(w io.Writer, locks []*lockStatus) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Key, show(l.Name), holder, pid, user, held, term, orDash(strings.Join(waiting, ", ")))
 	}
 	tw.Flush()
+	for _, l := range locks {
+		if l.Why == "" {
+			continue
+		}
+		what := l.Key
+		if l.Name != "" {
+			what = show(l.Name)
+		}
+		fmt.Fprintf(w, "why %s leads %s: %s\n", l.Holder.label(), what, l.Why)
+	}
 }
 
 func orDash(s string) string {
@@ -600,7 +696,7 @@ func readValues(ctx context.Context, conn *pgx.Conn, quoted string, byKey map[le
 		if h == nil || h.started == nil {
 			continue
 		}
-		s := session{h.Identity, h.PID, h.started.UnixMicro()}
+		s := session{h.app, h.PID, h.started.UnixMicro()}
 		value, ok := own[k]
 		if !ok || stamps[k] != s {
 			value, ok = members[s]
