@@ -155,9 +155,10 @@ func (s *Server) Connect(ctx context.Context) (*pgx.Conn, error) {
 	return s.s.Connect(ctx)
 }
 
-// TerminateBackend ends, with pg_terminate_backend, every session whose
-// application_name is identity (an elector's identity), and reports how
-// many it ended. Their advisory locks are freed at once.
+// TerminateBackend ends, with pg_terminate_backend, every session of the
+// candidate identity (its application_name is identity, or identity and a
+// ranked candidate's rank, see leader.Rank), and reports how many it
+// ended. Their advisory locks are freed at once.
 func (s *Server) TerminateBackend(ctx context.Context, identity string) (int, error) {
 	if s.s != nil {
 		return s.s.TerminateBackend(ctx, identity)
@@ -167,9 +168,29 @@ func (s *Server) TerminateBackend(ctx context.Context, identity string) (int, er
 		return 0, err
 	}
 	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT pid, COALESCE(application_name, '') FROM pg_catalog.pg_stat_activity
+WHERE pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()`)
+	if err != nil {
+		return 0, err
+	}
+	var pids []int32
+	for rows.Next() {
+		var pid int32
+		var app string
+		if err := rows.Scan(&pid, &app); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		if id, _, _ := leader.ParseApplicationName(app); id == identity {
+			pids = append(pids, pid)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
 	var n int
-	err = conn.QueryRow(ctx, `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity
-WHERE application_name OPERATOR(pg_catalog.=) $1 AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()`, identity).Scan(&n)
+	err = conn.QueryRow(ctx, `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(p)) FROM pg_catalog.unnest($1::pg_catalog.int4[]) p`, pids).Scan(&n)
 	return n, err
 }
 

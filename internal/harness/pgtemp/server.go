@@ -601,13 +601,15 @@ func (s *Server) QueryInt(ctx context.Context, sql string, args ...any) (int64, 
 	return n, err
 }
 
-// TerminateBackend runs pg_terminate_backend on every session whose
-// application_name is appName, waits until they are gone, and returns how
-// many there were.
+// TerminateBackend runs pg_terminate_backend on every session named
+// appName (its application_name, or appName and a ranked candidate's rank:
+// "appName [N0 1.8.0]", see leader.Rank), waits until they are gone, and
+// returns how many there were.
 func (s *Server) TerminateBackend(ctx context.Context, appName string) (int, error) {
-	q := `SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
+	named := `(application_name = $1 OR (starts_with(application_name, $1 || ' [') AND substr(application_name, length($1) + 1) ~ '^ \[[PNO]-?[0-9]+( [^ ]+)?\]$'))`
+	q := `SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity WHERE ` + named + ` AND pid <> pg_backend_pid()`
 	if s.version < 140000 {
-		q = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`
+		q = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE ` + named + ` AND pid <> pg_backend_pid()`
 	}
 	n, err := s.QueryInt(ctx, q, appName)
 	return int(n), err

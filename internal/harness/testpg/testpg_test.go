@@ -67,17 +67,35 @@ func TestServerAndFaults(t *testing.T) {
 		t.Fatal("ping after cut succeeded")
 	}
 
-	// TerminateBackend finds sessions by application_name.
-	victim, err := pgx.Connect(ctx, srv.DSN()+"&application_name=victim2")
-	if err != nil {
-		t.Fatal(err)
+	// TerminateBackend finds sessions by identity: the application_name,
+	// with or without a ranked candidate's rank, and nothing else.
+	connAs := func(app string) *pgx.Conn {
+		cfg, err := pgx.ParseConfig(srv.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
 	}
-	defer victim.Close(ctx)
-	if n, err := srv.TerminateBackend(ctx, "victim2"); err != nil || n != 1 {
-		t.Fatalf("terminate: %d, %v", n, err)
+	victims := []*pgx.Conn{connAs("victim2"), connAs("victim2 [N1 2.0.0]")}
+	bystanders := []*pgx.Conn{connAs("victim2 [x]"), connAs("victim20")}
+	if n, err := srv.TerminateBackend(ctx, "victim2"); err != nil || n != 2 {
+		t.Fatalf("terminate: %d, %v; want 2", n, err)
 	}
-	if err := victim.Ping(ctx); err == nil {
-		t.Fatal("ping after terminate succeeded")
+	for _, v := range victims {
+		if err := v.Ping(ctx); err == nil {
+			t.Fatal("ping after terminate succeeded")
+		}
+	}
+	for _, b := range bystanders {
+		if err := b.Ping(ctx); err != nil {
+			t.Fatalf("a session of another name was terminated: %v", err)
+		}
 	}
 
 	// Restart, both ways.
