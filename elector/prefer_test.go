@@ -226,20 +226,9 @@ func leaderIs(els map[int]*running, want string) bool {
 // session of the leader's role that does not stand, sending the leader a
 // rank that outranks it, move nothing.
 func TestForgedRankMovesNothing(t *testing.T) {
-	srv := testpg.Start(t)
-	r := testpg.NewRoles(t, srv)
-	rec := newRecorder(t)
-	key := testKey(t)
-	core, logs := observer.New(zap.InfoLevel)
-	ldr := startWith(t, rec, opts{dsn: r.AppDSN, key: key, id: "ranked-leader", logger: zap.New(core)}, func(c *elector.Config) { c.Priority = 1 })
-	rec.next("elected", "ranked-leader")
-	target := lockconn.NewTarget(key, "", "", "")
+	rl := startRankedLeader(t)
+	srv, r, rec, ldr, logs, target, leaderPID := rl.srv, rl.roles, rl.rec, rl.ldr, rl.logs, rl.target, rl.pid
 	ctx := context.Background()
-	var leaderPID uint32
-	eventually(t, "the leader's backend", func() (bool, string) {
-		leaderPID = backendOf(t, r.AppDSN, "ranked-leader")
-		return leaderPID != 0, ""
-	})
 	payload := lockconn.RankPayload(leaderPID, lockconn.Rank{Priority: 100})
 	evil := func() *pgx.Conn {
 		c, err := pgx.Connect(ctx, r.EvilDSN+"&application_name=evil-candidate")
@@ -374,34 +363,11 @@ func TestPreferenceHandoverInHistory(t *testing.T) {
 // handover) but whose application_name carries no rank, or another rank,
 // tells the leader it ranks above it: nothing moves.
 func TestRankNotCarriedBySessionMovesNothing(t *testing.T) {
-	srv := testpg.Start(t)
-	r := testpg.NewRoles(t, srv)
-	rec := newRecorder(t)
-	key := testKey(t)
-	core, logs := observer.New(zap.InfoLevel)
-	ldr := startWith(t, rec, opts{dsn: r.AppDSN, key: key, id: "ranked-leader", logger: zap.New(core)}, func(c *elector.Config) { c.Priority = 1 })
-	rec.next("elected", "ranked-leader")
-	target := lockconn.NewTarget(key, "", "", "")
+	rl := startRankedLeader(t)
+	r, rec, ldr, logs, target, leaderPID := rl.roles, rl.rec, rl.ldr, rl.logs, rl.target, rl.pid
 	ctx := context.Background()
-	var leaderPID uint32
-	eventually(t, "the leader's backend", func() (bool, string) {
-		leaderPID = backendOf(t, r.AppDSN, "ranked-leader")
-		return leaderPID != 0, ""
-	})
 	for _, app := range []string{"liar", "liar-2 [P2]"} {
-		conn := func() *pgx.Conn {
-			cfg, err := pgx.ParseConfig(r.AppDSN)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.RuntimeParams["application_name"] = app
-			c, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close(context.Background()) })
-			return c
-		}
+		conn := func() *pgx.Conn { return testpg.ConnectAs(t, r.AppDSN, app) }
 		queued := conn()
 		qctx, qcancel := context.WithCancel(ctx)
 		waited := make(chan struct{})
@@ -432,4 +398,33 @@ func TestRankNotCarriedBySessionMovesNothing(t *testing.T) {
 	if got := rec.elections(); !slices.Equal(got, []string{"ranked-leader"}) || !ldr.e.IsLeader() {
 		t.Fatalf("elections %v, IsLeader %v after ranks no session carries", got, ldr.e.IsLeader())
 	}
+}
+
+// rankedLeader is a leader of priority 1 on a server of its own, with
+// the hostile roles, its logs observed.
+type rankedLeader struct {
+	srv    *testpg.Server
+	roles  *testpg.Roles
+	rec    *recorder
+	ldr    *running
+	logs   *observer.ObservedLogs
+	target *lockconn.Target
+	pid    uint32 // the leader's backend
+}
+
+func startRankedLeader(t *testing.T) rankedLeader {
+	t.Helper()
+	rl := rankedLeader{srv: testpg.Start(t), rec: newRecorder(t)}
+	rl.roles = testpg.NewRoles(t, rl.srv)
+	key := testKey(t)
+	core, logs := observer.New(zap.InfoLevel)
+	rl.logs = logs
+	rl.ldr = startWith(t, rl.rec, opts{dsn: rl.roles.AppDSN, key: key, id: "ranked-leader", logger: zap.New(core)}, func(c *elector.Config) { c.Priority = 1 })
+	rl.rec.next("elected", "ranked-leader")
+	rl.target = lockconn.NewTarget(key, "", "", "")
+	eventually(t, "the leader's backend", func() (bool, string) {
+		rl.pid = backendOf(t, rl.roles.AppDSN, "ranked-leader")
+		return rl.pid != 0, ""
+	})
+	return rl
 }

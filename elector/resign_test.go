@@ -51,19 +51,7 @@ func TestRequestResign(t *testing.T) {
 		if to == cur {
 			continue
 		}
-		// The leader leads, and to stands (on a loaded machine a
-		// follower whose round missed its deadline is between sessions
-		// for a moment, and is then rightly no candidate).
-		eventually(t, to+" stands by", func() (bool, string) {
-			conn := mustConn(t, srv)
-			defer conn.Close(ctx)
-			h, err := leader.Holder(ctx, conn, key)
-			if err != nil || h.Holder.Identity != cur {
-				return false, fmt.Sprint(h, err)
-			}
-			ok, err := lockconn.Standing(ctx, conn, lockconn.NewTarget(key, "", "", ""), to)
-			return ok && err == nil, fmt.Sprintf("%s standing: %v %v", to, ok, err)
-		})
+		standsBy(t, srv, key, cur, to)
 		ho, err := elector.RequestResign(ctx, connect, key, to)
 		if err != nil {
 			t.Fatalf("to %s: %v", to, err)
@@ -328,16 +316,7 @@ func TestRequestResignToRankedCandidate(t *testing.T) {
 	ids := []string{"rk-1", "rk-2", "rk-3"}
 	for _, asName := range []bool{true, false} {
 		to := ids[(slices.Index(ids, cur)+1)%len(ids)]
-		eventually(t, to+" stands by", func() (bool, string) {
-			conn := mustConn(t, srv)
-			defer conn.Close(ctx)
-			h, err := leader.Holder(ctx, conn, key)
-			if err != nil || h.Holder.Identity != cur {
-				return false, fmt.Sprint(h, err)
-			}
-			ok, err := lockconn.Standing(ctx, conn, lockconn.NewTarget(key, "", "", ""), to)
-			return ok && err == nil, fmt.Sprintf("%s standing: %v %v", to, ok, err)
-		})
+		standsBy(t, srv, key, cur, to)
 		name := to
 		if asName {
 			name = to + " [P1 1.0.0]"
@@ -352,4 +331,22 @@ func TestRequestResignToRankedCandidate(t *testing.T) {
 		r.next("elected", to)
 		cur = to
 	}
+}
+
+// standsBy waits until cur leads key and to stands for it (on a loaded
+// machine a follower whose round missed its deadline is between sessions
+// for a moment, and is then rightly no candidate).
+func standsBy(t *testing.T, srv *testpg.Server, key leader.Key, cur, to string) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, to+" stands by", func() (bool, string) {
+		conn := mustConn(t, srv)
+		defer conn.Close(ctx)
+		h, err := leader.Holder(ctx, conn, key)
+		if err != nil || h.Holder.Identity != cur {
+			return false, fmt.Sprint(h, err)
+		}
+		ok, err := lockconn.Standing(ctx, conn, lockconn.NewTarget(key, "", "", ""), to)
+		return ok && err == nil, fmt.Sprintf("%s standing: %v %v", to, ok, err)
+	})
 }

@@ -96,19 +96,7 @@ func TestHolderFindsHolderAndWaiters(t *testing.T) {
 	ctx := context.Background()
 	key := leader.KeyFromName(t.Name())
 	args, vals := key.SQLArgs(1)
-	connAs := func(app string) *pgx.Conn {
-		cfg, err := pgx.ParseConfig(server(t).DSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.RuntimeParams["application_name"] = app
-		c, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(context.Background()) })
-		return c
-	}
+	connAs := func(app string) *pgx.Conn { return testpg.ConnectAs(t, server(t).DSN(), app) }
 	h, err := leader.Holder(ctx, conn(t), key)
 	if err != nil || h.Held || len(h.Waiters) != 0 {
 		t.Fatalf("free key: %+v, %v", h, err)

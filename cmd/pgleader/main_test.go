@@ -1102,19 +1102,7 @@ func TestStatusShowsRanks(t *testing.T) {
 	ctx := context.Background()
 	key := leader.KeyFromName("ranked-status")
 	args, vals := key.SQLArgs(1)
-	connAs := func(app string) *pgx.Conn {
-		cfg, err := pgx.ParseConfig(s.DSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.RuntimeParams["application_name"] = app
-		c, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(context.Background()) })
-		return c
-	}
+	connAs := func(app string) *pgx.Conn { return testpg.ConnectAs(t, s.DSN(), app) }
 	if _, err := connAs("ranked-holder [N0 1.0.0]").Exec(ctx, "SELECT pg_advisory_lock("+args+")", vals...); err != nil {
 		t.Fatal(err)
 	}

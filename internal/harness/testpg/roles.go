@@ -122,3 +122,21 @@ func (r *Roles) Shadow(t testing.TB) {
 		}
 	}
 }
+
+// ConnectAs connects to dsn as a session whose application_name is app
+// (any string: a ranked candidate's name, a forged one), closed when the
+// test ends.
+func ConnectAs(t testing.TB, dsn, app string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	c, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}

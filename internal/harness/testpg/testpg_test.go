@@ -69,19 +69,7 @@ func TestServerAndFaults(t *testing.T) {
 
 	// TerminateBackend finds sessions by identity: the application_name,
 	// with or without a ranked candidate's rank, and nothing else.
-	connAs := func(app string) *pgx.Conn {
-		cfg, err := pgx.ParseConfig(srv.DSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.RuntimeParams["application_name"] = app
-		c, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(context.Background()) })
-		return c
-	}
+	connAs := func(app string) *pgx.Conn { return testpg.ConnectAs(t, srv.DSN(), app) }
 	victims := []*pgx.Conn{connAs("victim2"), connAs("victim2 [N1 2.0.0]")}
 	bystanders := []*pgx.Conn{connAs("victim2 [x]"), connAs("victim20")}
 	if n, err := srv.TerminateBackend(ctx, "victim2"); err != nil || n != 2 {
