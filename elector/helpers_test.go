@@ -3,6 +3,7 @@ package elector_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,4 +212,15 @@ func tryAsk(t testing.TB, conn *pgx.Conn, channel, payload string, within time.D
 		}
 	}
 	return "", false
+}
+
+// electorStates describes each elector's state, for a failure's message.
+func electorStates(els map[string]*running) string {
+	var b strings.Builder
+	for _, rn := range els {
+		st := rn.e.Status()
+		fmt.Fprintf(&b, "%s: leading %v, tenure %v, leader %q, connected %v, last round %s ago, last error %q; ",
+			st.Identity, st.Leading, st.Tenure, st.Leader, st.Connected, time.Since(st.LastRound).Round(time.Millisecond), st.LastError)
+	}
+	return b.String()
 }
