@@ -3,6 +3,8 @@ package leader
 import (
 	"strconv"
 	"strings"
+
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 )
 
 // Rank is a ranked candidate's strategy and preference, as its sessions'
@@ -41,16 +43,10 @@ func (r Rank) ApplicationName(identity string) string {
 // session that pg_locks shows standing for a key, of a role trusted with
 // it.
 func ParseApplicationName(app string) (identity string, r Rank, ranked bool) {
-	i := strings.LastIndex(app, " [")
-	if i <= 0 || !strings.HasSuffix(app, "]") || len(app) < i+4 {
-		return app, Rank{}, false
-	}
-	inner := app[i+2 : len(app)-1]
-	s := strings.IndexByte(strategyLetters, inner[0])
-	prio, version, hasVersion := strings.Cut(inner[1:], " ")
+	id, letter, prio, version, ok := lockconn.SplitName(app)
 	p, err := strconv.Atoi(prio)
-	if s < 0 || err != nil || strconv.Itoa(p) != prio || hasVersion && ValidVersion(version) != nil {
+	if !ok || err != nil || strconv.Itoa(p) != prio || version != "" && ValidVersion(version) != nil {
 		return app, Rank{}, false
 	}
-	return app[:i], Rank{Strategy: Strategy(s), Preference: Preference{Priority: p, Version: version}}, true
+	return id, Rank{Strategy: Strategy(strings.IndexByte(strategyLetters, letter)), Preference: Preference{Priority: p, Version: version}}, true
 }

@@ -7,15 +7,17 @@ import (
 )
 
 // A rank written into an application_name reads back the same; a suffix
-// that is not exactly a rank is part of a plain identity.
+// that is not exactly a rank is part of a plain identity, the same for
+// every elector and group member that reads it.
 func TestRankApplicationName(t *testing.T) {
 	for _, r := range []leader.Rank{
 		{Strategy: leader.ByPriority, Preference: leader.Preference{Priority: 3}},
 		{Strategy: leader.ByPriority, Preference: leader.Preference{Priority: -2}},
 		{Strategy: leader.NewestVersion, Preference: leader.Preference{Version: "1.8.0"}},
 		{Strategy: leader.OldestVersion, Preference: leader.Preference{Priority: 7, Version: "v2.0.0-rc.1+b7"}},
+		{Strategy: leader.ByPriority, Preference: leader.Preference{Priority: 1, Version: "1.0.0"}},
 	} {
-		for _, id := range []string{"w", "worker-1", "a b", "x [y]"} {
+		for _, id := range []string{"w", "worker-1", "a b", "x [y]", "a [b]", "x [P1] y"} {
 			app := r.ApplicationName(id)
 			got, gr, ok := leader.ParseApplicationName(app)
 			if !ok || got != id || gr != r {

@@ -77,25 +77,40 @@ func (l *Lease) Candidate(ctx context.Context, t *Target, pid uint32) (name stri
 // candidate's rank, " [N0 1.8.0]" (leader.Rank; the handover statements
 // match names the same way).
 func Names(app, identity string) bool {
-	if app == identity {
-		return true
+	id, _, _, _, ok := SplitName(app)
+	return app == identity || ok && id == identity && identity != ""
+}
+
+// SplitName splits an application_name that ends like a ranked
+// candidate's into the identity and the rank's fields as the handover
+// statements read them: the strategy's letter (P, N or O), the priority
+// (digits after an optional "-") and the version ("" or, after an
+// optional "v", a digit and the characters of a semantic version). ok is
+// false for any other name. leader.ParseApplicationName reads the same,
+// and also requires the priority to be an int as strconv writes it and
+// the version to be a semantic version.
+func SplitName(app string) (identity string, letter byte, priority, version string, ok bool) {
+	i := strings.LastIndex(app, " [")
+	if i <= 0 || !strings.HasSuffix(app, "]") || len(app) < i+4 {
+		return app, 0, "", "", false
 	}
-	rest, ok := strings.CutPrefix(app, identity+" [")
-	if !ok || identity == "" {
-		return false
+	inner := app[i+2 : len(app)-1]
+	priority, version, hasVersion := strings.Cut(inner[1:], " ")
+	if !strings.ContainsRune("PNO", rune(inner[0])) || !digits(strings.TrimPrefix(priority, "-")) || hasVersion && !versionLike(version) {
+		return app, 0, "", "", false
 	}
-	rest, ok = strings.CutSuffix(rest, "]")
-	if !ok || rest == "" || !strings.ContainsRune("PNO", rune(rest[0])) {
-		return false
-	}
-	prio, version, hasVersion := strings.Cut(strings.TrimPrefix(rest[1:], "-"), " ")
-	if prio == "" || strings.Trim(prio, "0123456789") != "" {
-		return false
-	}
-	if !hasVersion {
-		return true
-	}
-	version = strings.TrimPrefix(version, "v")
-	return version != "" && version[0] >= '0' && version[0] <= '9' &&
-		strings.Trim(version, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+-") == ""
+	return app[:i], inner[0], priority, version, true
+}
+
+// digits reports whether s is one or more decimal digits.
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// versionLike reports whether v may be a version: after an optional "v",
+// a digit, then the characters of a semantic version.
+func versionLike(v string) bool {
+	v = strings.TrimPrefix(v, "v")
+	return v != "" && v[0] >= '0' && v[0] <= '9' &&
+		strings.Trim(v, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+-") == ""
 }
