@@ -239,7 +239,7 @@ func (c *Config) validateRank() error {
 			return bad("Version", "%v", err)
 		}
 	}
-	if _, _, ok := parseMember(c.Identity); ok {
+	if _, _, ok := leader.ParseApplicationName(c.Identity); ok {
 		return bad("Identity", "must not end like a member's rank (%q): ranked members' application_names do", " [P0]")
 	}
 	if app := c.appName(); len(app) > maxIdentity {
@@ -258,7 +258,7 @@ func (c *Config) appName() string {
 	if !c.ranked() {
 		return c.Identity
 	}
-	return rankedName(c.Identity, memberRank{strategy: c.Strategy, pref: leader.Preference{Priority: c.Priority, Version: c.Version}})
+	return (leader.Rank{Strategy: c.Strategy, Preference: leader.Preference{Priority: c.Priority, Version: c.Version}}).ApplicationName(c.Identity)
 }
 
 // ErrLockTable is returned (wrapped) by Run when the server's shared lock

@@ -21,7 +21,7 @@ type input struct {
 	// docs/groups.md, "What a round proves") and the last members.
 	held    map[tag]bool
 	members []string
-	ranks   map[string]memberRank // the ranked members' (see rank.go)
+	ranks   map[string]leader.Rank // the ranked members' (see rank.go)
 }
 
 // actions are what a round does: plan decides them, the round applies

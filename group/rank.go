@@ -27,37 +27,17 @@ import (
 // lock). An unranked member's application_name is its identity, as it
 // was before ranks existed.
 
-// memberRank is a ranked member's rank, as its application_name says.
-type memberRank struct {
-	strategy leader.Strategy
-	pref     leader.Preference
-}
-
-// rankedName is the application_name of a member named identity with rank
-// r.
-func rankedName(identity string, r memberRank) string {
-	return leader.Rank{Strategy: r.strategy, Preference: r.pref}.ApplicationName(identity)
-}
-
-// parseMember splits a member's application_name into its name and, when
-// it carries one, its rank (see leader.ParseApplicationName). A name
-// whose suffix does not parse is a plain name.
-func parseMember(app string) (string, memberRank, bool) {
-	name, r, ok := leader.ParseApplicationName(app)
-	return name, memberRank{strategy: r.Strategy, pref: r.Preference}, ok
-}
-
 // splitMembers parses the application_names a scan read: the members'
 // names (sorted, without duplicates) and the ranks of the ranked ones.
-func splitMembers(apps []string, pids map[uint32]string) ([]string, map[string]memberRank, map[uint32]string) {
+func splitMembers(apps []string, pids map[uint32]string) ([]string, map[string]leader.Rank, map[uint32]string) {
 	names := make([]string, 0, len(apps))
-	var ranks map[string]memberRank
+	var ranks map[string]leader.Rank
 	for _, a := range apps {
-		name, r, ok := parseMember(a)
+		name, r, ok := leader.ParseApplicationName(a)
 		names = append(names, name)
 		if ok {
 			if ranks == nil {
-				ranks = map[string]memberRank{}
+				ranks = map[string]leader.Rank{}
 			}
 			ranks[name] = r
 		}
@@ -66,7 +46,7 @@ func splitMembers(apps []string, pids map[uint32]string) ([]string, map[string]m
 	names = slices.Compact(names)
 	byPID := make(map[uint32]string, len(pids))
 	for pid, a := range pids {
-		name, _, _ := parseMember(a)
+		name, _, _ := leader.ParseApplicationName(a)
 		byPID[pid] = name
 	}
 	return names, ranks, byPID
@@ -79,27 +59,27 @@ func splitMembers(apps []string, pids map[uint32]string) ([]string, map[string]m
 // that: the members must use one strategy, and no member can decide which
 // one wins, so the group keys ignore ranks until they agree). members is
 // sorted, and so is the result.
-func eligible(members []string, ranks map[string]memberRank) (out []string, split bool) {
+func eligible(members []string, ranks map[string]leader.Rank) (out []string, split bool) {
 	if len(ranks) == 0 {
 		return members, false
 	}
 	s, first := leader.ByPriority, true
 	for _, m := range members {
 		if r, ok := ranks[m]; ok {
-			if !first && r.strategy != s {
+			if !first && r.Strategy != s {
 				return members, true
 			}
-			s, first = r.strategy, false
+			s, first = r.Strategy, false
 		}
 	}
 	var best leader.Preference
 	for i, m := range members {
-		if p := ranks[m].pref; i == 0 || leader.Compare(s, p, best) > 0 {
+		if p := ranks[m].Preference; i == 0 || leader.Compare(s, p, best) > 0 {
 			best = p
 		}
 	}
 	for _, m := range members {
-		if leader.Compare(s, ranks[m].pref, best) == 0 {
+		if leader.Compare(s, ranks[m].Preference, best) == 0 {
 			out = append(out, m)
 		}
 	}
@@ -137,7 +117,7 @@ func (g *Group) rankedNames() []string {
 	out := make([]string, 0, len(g.st.members))
 	for _, m := range g.st.members {
 		if r, ok := g.st.ranks[m]; ok {
-			m = rankedName(m, r)
+			m = r.ApplicationName(m)
 		}
 		out = append(out, m)
 	}

@@ -9,33 +9,8 @@ import (
 	"github.com/pgleader/pgleader/leader"
 )
 
-func rk(s leader.Strategy, prio int, version string) memberRank {
-	return memberRank{strategy: s, pref: leader.Preference{Priority: prio, Version: version}}
-}
-
-// A ranked member's application_name carries its rank after its identity,
-// and parses back; a suffix that does not parse leaves a plain name, the
-// same for every member that reads it.
-func TestRankedNames(t *testing.T) {
-	for _, r := range []memberRank{rk(leader.ByPriority, 3, ""), rk(leader.ByPriority, -2, ""), rk(leader.NewestVersion, 0, "1.8.0"),
-		rk(leader.OldestVersion, 7, "v2.0.0-rc.1+b7"), rk(leader.ByPriority, 1, "1.0.0")} {
-		for _, id := range []string{"worker-1", "a [b]", "x [P1] y", "w"} {
-			app := rankedName(id, r)
-			name, got, ok := parseMember(app)
-			if !ok || name != id || got != r {
-				t.Errorf("parseMember(%q) = %q %+v %v; want %q %+v", app, name, got, ok, id, r)
-			}
-		}
-	}
-	if got := rankedName("w", rk(leader.NewestVersion, 0, "1.8.0")); got != "w [N0 1.8.0]" {
-		t.Errorf("rankedName = %q, want %q", got, "w [N0 1.8.0]")
-	}
-	for _, app := range []string{"worker-1", "w [X0]", "w [P01]", "w [P+1]", "w [P]", "w [N0 1.0]", "w [N0 ]", "w [P0", "[P0]", " [P0]",
-		"w [P0 1.0.0 x]", "w [p0]", "w P0]", "w [P 0]"} {
-		if name, r, ok := parseMember(app); ok || name != app || r != (memberRank{}) {
-			t.Errorf("parseMember(%q) = %q %+v %v; want the plain name", app, name, r, ok)
-		}
-	}
+func rk(s leader.Strategy, prio int, version string) leader.Rank {
+	return leader.Rank{Strategy: s, Preference: leader.Preference{Priority: prio, Version: version}}
 }
 
 // The keys go to the members of the best rank under the ranked members'
@@ -45,25 +20,25 @@ func TestEligible(t *testing.T) {
 	members := []string{"a", "b", "c"}
 	for _, tc := range []struct {
 		name  string
-		ranks map[string]memberRank
+		ranks map[string]leader.Rank
 		want  []string
 		split bool
 	}{
 		{"none ranked", nil, members, false},
-		{"priority", map[string]memberRank{"b": rk(leader.ByPriority, 2, "")}, []string{"b"}, false},
-		{"equal priorities", map[string]memberRank{"a": rk(leader.ByPriority, 2, ""), "c": rk(leader.ByPriority, 2, "")}, []string{"a", "c"}, false},
-		{"a priority below an unranked one", map[string]memberRank{"a": rk(leader.ByPriority, -1, "")}, []string{"b", "c"}, false},
-		{"newest", map[string]memberRank{"a": rk(leader.NewestVersion, 0, "1.0.0"), "b": rk(leader.NewestVersion, 0, "2.0.0"),
+		{"priority", map[string]leader.Rank{"b": rk(leader.ByPriority, 2, "")}, []string{"b"}, false},
+		{"equal priorities", map[string]leader.Rank{"a": rk(leader.ByPriority, 2, ""), "c": rk(leader.ByPriority, 2, "")}, []string{"a", "c"}, false},
+		{"a priority below an unranked one", map[string]leader.Rank{"a": rk(leader.ByPriority, -1, "")}, []string{"b", "c"}, false},
+		{"newest", map[string]leader.Rank{"a": rk(leader.NewestVersion, 0, "1.0.0"), "b": rk(leader.NewestVersion, 0, "2.0.0"),
 			"c": rk(leader.NewestVersion, 0, "2.0.0")}, []string{"b", "c"}, false},
-		{"oldest", map[string]memberRank{"a": rk(leader.OldestVersion, 0, "1.0.0"), "b": rk(leader.OldestVersion, 0, "2.0.0"),
+		{"oldest", map[string]leader.Rank{"a": rk(leader.OldestVersion, 0, "1.0.0"), "b": rk(leader.OldestVersion, 0, "2.0.0"),
 			"c": rk(leader.OldestVersion, 0, "2.0.0")}, []string{"a"}, false},
-		{"version before priority", map[string]memberRank{"a": rk(leader.NewestVersion, 9, "1.0.0"), "b": rk(leader.NewestVersion, 0, "2.0.0"),
+		{"version before priority", map[string]leader.Rank{"a": rk(leader.NewestVersion, 9, "1.0.0"), "b": rk(leader.NewestVersion, 0, "2.0.0"),
 			"c": rk(leader.NewestVersion, 1, "2.0.0")}, []string{"c"}, false},
-		{"a version over none", map[string]memberRank{"c": rk(leader.OldestVersion, 0, "3.0.0")}, []string{"c"}, false},
-		{"pre-release below release", map[string]memberRank{"a": rk(leader.NewestVersion, 0, "2.0.0-rc.1"), "b": rk(leader.NewestVersion, 0, "2.0.0")},
+		{"a version over none", map[string]leader.Rank{"c": rk(leader.OldestVersion, 0, "3.0.0")}, []string{"c"}, false},
+		{"pre-release below release", map[string]leader.Rank{"a": rk(leader.NewestVersion, 0, "2.0.0-rc.1"), "b": rk(leader.NewestVersion, 0, "2.0.0")},
 			[]string{"b"}, false},
-		{"strategies disagree", map[string]memberRank{"a": rk(leader.NewestVersion, 0, "1.0.0"), "b": rk(leader.OldestVersion, 0, "2.0.0")}, members, true},
-		{"a rank of a member gone", map[string]memberRank{"z": rk(leader.ByPriority, 5, "")}, members, false},
+		{"strategies disagree", map[string]leader.Rank{"a": rk(leader.NewestVersion, 0, "1.0.0"), "b": rk(leader.OldestVersion, 0, "2.0.0")}, members, true},
+		{"a rank of a member gone", map[string]leader.Rank{"z": rk(leader.ByPriority, 5, "")}, members, false},
 	} {
 		got, split := eligible(members, tc.ranks)
 		if !reflect.DeepEqual(got, tc.want) || split != tc.split {
@@ -79,7 +54,7 @@ func TestPlanStandsByBelowABetterRank(t *testing.T) {
 	for _, k := range f.mine() {
 		f.lead(k, phaseLeading, false)
 	}
-	ranks := map[string]memberRank{"a": rk(leader.NewestVersion, 0, "1.0.0"), "b": rk(leader.NewestVersion, 0, "2.0.0")}
+	ranks := map[string]leader.Rank{"a": rk(leader.NewestVersion, 0, "1.0.0"), "b": rk(leader.NewestVersion, 0, "2.0.0")}
 	a := planPure(t, f.st, input{now: t0, full: true, scanned: true, held: held(f.mine()...), members: []string{"a", "b"}, ranks: ranks})
 	if a.assign == nil || !reflect.DeepEqual(a.assign.members, []string{"b"}) {
 		t.Fatalf("assignment %+v, want every key to b", a.assign)

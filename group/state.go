@@ -109,7 +109,7 @@ type state struct {
 	// them: a group message is believed only from one of them.
 	members  []string
 	pids     map[uint32]string
-	ranks    map[string]memberRank // the ranked members' ranks (see rank.go)
+	ranks    map[string]leader.Rank // the ranked members' ranks (see rank.go)
 	stopping bool
 	// pending are resigns told to their successors, for the whole group with
 	// the next full round.

@@ -94,7 +94,7 @@ func (g *Group) Status() Status {
 	elig, _ := eligible(g.st.members, g.st.ranks)
 	st.Eligible, st.Ranks, st.Strategy = append([]string(nil), elig...), map[string]leader.Preference{}, g.cfg.Strategy
 	for m, r := range g.st.ranks {
-		st.Ranks[m] = r.pref
+		st.Ranks[m] = r.Preference
 	}
 	return st
 }
