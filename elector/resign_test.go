@@ -314,12 +314,24 @@ func TestRequestResignToRankedCandidate(t *testing.T) {
 	cur := r.next("elected", "").id
 	connect := elector.DSN(srv.DSN())
 	ids := []string{"rk-1", "rk-2", "rk-3"}
+	// What the leader is asked: the reservation binds to an identity, so a
+	// request that named the session's whole application_name would
+	// reserve the lock for nobody (it would still move, later, to whoever
+	// the server grants it once the reservation's bound passes).
+	listener := mustConn(t, srv)
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{lockconn.NewTarget(key, "", "", "").ResignChannel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
 	for _, asName := range []bool{true, false} {
 		to := ids[(slices.Index(ids, cur)+1)%len(ids)]
 		standsBy(t, srv, key, cur, to)
 		name := to
 		if asName {
 			name = to + " [P1 1.0.0]"
+		}
+		h, err := leader.Holder(ctx, listener, key)
+		if err != nil {
+			t.Fatal(err)
 		}
 		ho, err := elector.RequestResign(ctx, connect, key, name)
 		if err != nil {
@@ -328,8 +340,29 @@ func TestRequestResignToRankedCandidate(t *testing.T) {
 		if ho.From != cur || ho.To != to {
 			t.Fatalf("asked %s for %q: handover %+v", cur, name, ho)
 		}
+		if asked := requestedTo(t, listener, h.Holder.PID); asked != to {
+			t.Fatalf("asked for %q: the request named %q, want the identity %q", name, asked, to)
+		}
 		r.next("elected", to)
 		cur = to
+	}
+}
+
+// requestedTo reads the resign requests conn heard (it listens on the
+// key's resign channel) and returns the candidate the first one addressed
+// to the leader's backend pid named.
+func requestedTo(t *testing.T, conn *pgx.Conn, pid uint32) string {
+	t.Helper()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+		n, err := conn.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("no resign request heard: %v", err)
+		}
+		if leaderPID, to, ok := lockconn.ParseRequest(n.Payload); ok && leaderPID == pid {
+			return to
+		}
 	}
 }
 
