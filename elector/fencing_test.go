@@ -248,9 +248,9 @@ func TestOnNewLeaderOncePerChange(t *testing.T) {
 		}
 		// (Seen once in CI, under the full suite's load: no election
 		// within 30 s of a resign; the electors' states say more.)
-		eventually(t, "an election after "+cur.id+" resigned", func() (bool, string) {
-			return len(r.elections()) > elections, electorStates(els)
-		})
+		eventuallyExplained(t, "an election after "+cur.id+" resigned", func() bool {
+			return len(r.elections()) > elections
+		}, func() string { return electorStates(els) + lockDump(srv, key, ids...) })
 		cur = r.next("elected", "")
 		leaders = append(leaders, cur.id)
 	}

@@ -53,6 +53,57 @@ func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	}
 }
 
+// eventuallyExplained is eventually whose failure message, detail(), is
+// only worked out when it fails (a server read, say).
+func eventuallyExplained(t testing.TB, what string, cond func() bool, detail func() string) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (%s)", what, waitLong, detail())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lockDump lists, for a failure's message, every session of the server
+// named like one of ids (optionally with a rank) and every advisory lock
+// on key or held by such a session, with what each session is doing.
+func lockDump(srv *testpg.Server, key leader.Key, ids ...string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := srv.Connect(ctx)
+	if err != nil {
+		return "lock dump: " + err.Error()
+	}
+	defer conn.Close(context.Background())
+	c, o, s := key.LockTag()
+	rows, err := conn.Query(ctx, `WITH a AS (SELECT * FROM pg_stat_activity WHERE split_part(application_name, ' [', 1) = ANY($4::text[]))
+SELECT coalesce(a.pid, l.pid), coalesce(a.application_name, '?'), coalesce(a.state, '?'), coalesce(a.wait_event, ''),
+  coalesce(left(a.query, 60), ''), coalesce(l.classid::text || '/' || l.objid || '/' || l.objsubid || ' ' || l.mode || CASE WHEN l.granted THEN ' granted' ELSE ' waiting' END, '')
+FROM a FULL JOIN (SELECT * FROM pg_locks WHERE locktype = 'advisory') l ON l.pid = a.pid
+WHERE a.pid IS NOT NULL OR (l.classid = $1 AND l.objid = $2 AND l.objsubid = $3)
+ORDER BY 1, 6`, c, o, s, ids)
+	if err != nil {
+		return "lock dump: " + err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	fmt.Fprintf(&b, "key %d/%d/%d;", c, o, s)
+	for rows.Next() {
+		var pid int32
+		var app, state, wait, query, lock string
+		if err := rows.Scan(&pid, &app, &state, &wait, &query, &lock); err != nil {
+			return b.String() + " lock dump: " + err.Error()
+		}
+		fmt.Fprintf(&b, "\n  pid %d %q %s %s %q: %s", pid, app, state, wait, query, lock)
+	}
+	if err := rows.Err(); err != nil {
+		fmt.Fprintf(&b, " lock dump: %v", err)
+	}
+	return b.String()
+}
+
 // sessions counts the sessions named like pattern (SQL LIKE).
 func sessions(t testing.TB, srv *testpg.Server, pattern string) int64 {
 	t.Helper()
