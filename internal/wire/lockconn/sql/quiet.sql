@@ -7,10 +7,12 @@
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_lock(c oid, o oid, s int2, how text) RETURNS bool
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- One advisory-lock call on the key (c, o, s): 'try' and 'try_shared'
--- never wait, 'wait' waits (up to lock_timeout), 'unlock' releases, and
--- 'probe' is true when the key is free or this backend's: a shared lock
--- taken and released at once, which never outlives the call (followers
--- that kept one into their exclusive wait would deadlock each other).
+-- never wait, 'wait' waits (up to lock_timeout), 'unlock' and
+-- 'unlock_shared' release, and 'probe' is true when the key is free or
+-- this backend's: a shared lock taken and released at once, which never
+-- outlives the call (followers that kept one into their exclusive wait
+-- would deadlock each other; see pgleader_unshare for a cancel that lands
+-- in between).
 DECLARE
   k int8 := (c::int8 << 32) | o::int8;
   a int4 := (c::int8 - (c::int8 >> 31) * 4294967296)::int4;
@@ -33,6 +35,7 @@ BEGIN
       WHEN 'try_shared' THEN RETURN pg_try_advisory_lock_shared(k);
       WHEN 'wait' THEN PERFORM pg_advisory_lock(k); RETURN true;
       WHEN 'unlock' THEN RETURN pg_advisory_unlock(k);
+      WHEN 'unlock_shared' THEN RETURN pg_advisory_unlock_shared(k);
     END CASE;
   END IF;
   CASE how
@@ -40,7 +43,38 @@ BEGIN
     WHEN 'try_shared' THEN RETURN pg_try_advisory_lock_shared(a, b);
     WHEN 'wait' THEN PERFORM pg_advisory_lock(a, b); RETURN true;
     WHEN 'unlock' THEN RETURN pg_advisory_unlock(a, b);
+    WHEN 'unlock_shared' THEN RETURN pg_advisory_unlock_shared(a, b);
   END CASE;
+END $f$;
+
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_unshare(c oid, o oid, s int2, gate int4, me int4) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- After a cancel caught in a round: release every shared lock this backend
+-- holds on the key (c, o, s), its gate and its name lock (Space, gate) and
+-- (Space, me). A probe holds one only between its two calls, and a cancel
+-- (a new leader's wake reaches an heir wherever its round is by then)
+-- that lands there leaves it held: the catch rolls the subtransaction
+-- back, and session locks outlive that. No session of pgleader holds one
+-- of these in share mode otherwise, and a shared lock left on the key
+-- would block every candidate's exclusive wait, and through the waiters
+-- every other probe, so that nobody led until this session ended. pg_locks
+-- shows a lock once however many times it is held: release until it is
+-- gone. Only this rare path reads pg_locks.
+DECLARE
+  keys int8[] := ARRAY[(1885817928::int8 << 32) | (gate::int8 & 4294967295), (1885817928::int8 << 32) | (me::int8 & 4294967295)];
+  r record;
+BEGIN
+  FOR r IN SELECT l.classid, l.objid, l.objsubid FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.mode = 'ShareLock' AND l.granted
+        AND ((l.classid = c AND l.objid = o AND l.objsubid = s)
+          OR (l.objsubid = 2 AND ((l.classid::int8 << 32) | l.objid::int8) = ANY (keys)))
+  LOOP
+    FOR i IN 1 .. 100 LOOP
+      PERFORM pg_temp.pgleader_lock(r.classid, r.objid, r.objsubid, 'unlock_shared');
+      EXIT WHEN NOT EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid()
+        AND l.mode = 'ShareLock' AND l.classid = r.classid AND l.objid = r.objid AND l.objsubid = r.objsubid);
+    END LOOP;
+  END LOOP;
 END $f$;
 
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_mine(c oid, o oid, s int2) RETURNS bool
@@ -89,7 +123,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- the heir slot. A cancel that lands anywhere else in the round (a second
 -- one, or one that arrives as the wait ends) is caught too (7): a lock it
 -- took is a session lock the rollback keeps, and the next round finds it
--- held (3).
+-- held (3); a probe's shared lock it interrupted is released
+-- (pgleader_unshare).
 DECLARE
   won int := 1;
   g int := pg_temp.pgleader_guard(pid, tok);
@@ -128,6 +163,7 @@ BEGIN
       PERFORM pg_temp.pgleader_lock(1885817928, heir::oid, 2::int2, 'unlock');
     END IF;
   EXCEPTION WHEN query_canceled THEN
+    PERFORM pg_temp.pgleader_unshare(c, o, s, gate, me);
     RETURN 7;
   END;
   RETURN won;
