@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/pgleader/pgleader/elector"
@@ -75,5 +76,46 @@ func TestFailoverHelpers(t *testing.T) {
 	next()
 	if n, err := srv.TerminateBackend(ctx, "nobody"); n != 0 || err != nil {
 		t.Fatalf("TerminateBackend(nobody): %d, %v", n, err)
+	}
+}
+
+// On a PGLEADERTEST_DSN server (TestExternalServer has the rest),
+// TerminateBackend finds sessions itself: it ends every session of an
+// identity, ranked or not, and none whose name only begins like it.
+func TestExternalTerminateBackend(t *testing.T) {
+	own := shared.Get(t)
+	t.Setenv(pgleadertest.DSNEnv, own.DSN())
+	srv, err := pgleadertest.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if !srv.External() {
+		t.Fatal("a server from PGLEADERTEST_DSN is not External")
+	}
+	ctx := context.Background()
+	alive := map[string]*pgx.Conn{}
+	for _, app := range []string{"ext-1", "ext-1 [P2]", "ext-1 [N0 1.8.0]", "ext-10", "ext-1 [x]"} {
+		cfg, err := pgx.ParseConfig(own.DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		alive[app] = conn
+	}
+	n, err := srv.TerminateBackend(ctx, "ext-1")
+	if err != nil || n != 3 {
+		t.Fatalf("TerminateBackend(ext-1): %d, %v; want 3 (the identity, with two ranks)", n, err)
+	}
+	for app, conn := range alive {
+		err := conn.Ping(ctx)
+		if want := app == "ext-10" || app == "ext-1 [x]"; (err == nil) != want {
+			t.Errorf("%q: ping %v after TerminateBackend(ext-1); want it alive: %v", app, err, want)
+		}
 	}
 }
