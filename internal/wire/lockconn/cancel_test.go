@@ -106,6 +106,12 @@ END $f$`, a, b)); err != nil {
 			if shared != 0 || !took {
 				t.Fatalf("after a cancel inside the %s's probe the heir's session holds %d shared locks on it, and another session could take it: %v", on, shared, took)
 			}
+			// Caught and released without a line in the server's log (a
+			// release of a lock not held in share mode would log a
+			// WARNING).
+			if n := server(t).LogLinesOf("cancelled-heir"); n != 0 {
+				t.Fatalf("%d server log lines from the heir's session:\n%s", n, server(t).LogTail(20))
+			}
 		})
 	}
 }
