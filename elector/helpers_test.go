@@ -37,20 +37,16 @@ func waitWaiter(t testing.TB, srv *testpg.Server, key leader.Key, id string) {
 
 // eventually polls cond every 5ms until it holds, and fails the test with
 // what (and the last detail cond gave) when it does not within waitLong.
-// It is the one poll loop of these tests: every wait is bounded.
+// eventuallyExplained is the one poll loop of these tests: every wait is
+// bounded.
 func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s (%s)", what, waitLong, detail)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	var detail string
+	eventuallyExplained(t, what, func() bool {
+		ok, d := cond()
+		detail = d
+		return ok
+	}, func() string { return detail })
 }
 
 // eventuallyExplained is eventually whose failure message, detail(), is
