@@ -282,6 +282,76 @@ func TestQuietRoundNeverStacks(t *testing.T) {
 	}
 }
 
+// The same with another session queued on the key. A probe's shared lock
+// is refused then even on a key this backend holds (the waiter's request
+// conflicts with it), so the probe alone would call the key busy, and the
+// round would wait for the lock and get it at once (the server lets a
+// backend ahead of the waiters that its own lock blocks): stacked. A round
+// cut short by a cancel after a win leaves the key held for the next round
+// this way, and one unlock then released nothing: the round gave the lock
+// back to a reservation again and again and kept it, and nobody else could
+// lead until the session ended.
+func TestQuietRoundNeverStacksBehindAWaiter(t *testing.T) {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for i, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(5, 6)} {
+		ls := openLease(t, fmt.Sprintf("stack-behind-%d", i), time.Second)
+		target := lockconn.NewTarget(key, "", "", "")
+		quiet, _, err := ls.Watch(ctx, target, lockconn.Quiet{Wait: 200 * time.Millisecond, Poll: 50 * time.Millisecond, Heirs: 2})
+		if err != nil || !quiet {
+			t.Fatalf("Watch: quiet %v, %v", quiet, err)
+		}
+		if r, err := ls.Campaign(ctx, target, false); err != nil || !r.Held || r.Already {
+			t.Fatalf("first quiet round: %+v %v", r, err)
+		}
+		waiter, err := pgx.Connect(ctx, server(t).DSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer waiter.Close(ctx)
+		lock := "SELECT pg_advisory_lock($1::int8)"
+		args := []any{}
+		if k, ok := key.Int64(); ok {
+			args = append(args, k)
+		} else {
+			ns, id, _ := key.Pair()
+			lock, args = "SELECT pg_advisory_lock($1::int4, $2::int4)", append(args, ns, id)
+		}
+		granted := make(chan error, 1)
+		go func() {
+			_, err := waiter.Exec(ctx, lock, args...)
+			granted <- err
+		}()
+		waitingOn(t, admin, key, waiter.PgConn().PID())
+		r, err := ls.Campaign(ctx, target, false)
+		if err != nil || !r.Already {
+			t.Fatalf("a poll on a held lock with a waiter queued: %+v %v, want Already", r, err)
+		}
+		if err := ls.TakeSlot(target, 0); err != nil {
+			t.Fatal(err)
+		}
+		r, err = ls.Campaign(ctx, target, false)
+		if err != nil || !r.Already || !r.Proven {
+			t.Fatalf("an heir's round on a held lock with a waiter queued: %+v %v, want Already", r, err)
+		}
+		if err := ls.Unlock(ctx, target); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-granted:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("one unlock did not free the lock for the waiter: a round stacked it")
+		}
+	}
+}
+
 // The holder lookup names the session that holds the lock, never one of
 // the sessions queued behind it.
 func TestHolderLookupIgnoresWaiters(t *testing.T) {

@@ -77,13 +77,41 @@ BEGIN
   END LOOP;
 END $f$;
 
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_held(c oid, o oid, s int2) RETURNS bool
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+-- Whether this backend's own lock table has the key (c, o, s) in
+-- exclusive mode, touching no shared memory when it has: the same lock
+-- taken again at transaction level is granted from that table, whoever
+-- waits. When it has not, the call is an ordinary try, true only when the
+-- key is free with nobody queued: the subtransaction's rollback releases
+-- that lock at once. So true means held here, or free an instant ago.
+DECLARE
+  got bool := false;
+BEGIN
+  BEGIN
+    IF s = 1 THEN
+      got := pg_try_advisory_xact_lock((c::int8 << 32) | o::int8);
+    ELSE
+      got := pg_try_advisory_xact_lock((c::int8 - (c::int8 >> 31) * 4294967296)::int4, (o::int8 - (o::int8 >> 31) * 4294967296)::int4);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'P0001';
+  EXCEPTION WHEN raise_exception THEN
+    NULL;
+  END;
+  RETURN got;
+END $f$;
+
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_mine(c oid, o oid, s int2) RETURNS bool
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- This backend holds the key exclusively. pg_locks (a copy of the whole
 -- lock table) is read only when the probe says the key is free or ours,
--- so never while another session leads.
+-- or, when the probe is refused, this backend's own lock table has the
+-- key: a probe is refused also on a key this backend holds while another
+-- session waits for it (the waiter's request conflicts with the shared
+-- lock), and a round that took it for busy would wait for it, be granted
+-- at once, and stack it. Never while another session leads.
 BEGIN
-  IF NOT pg_temp.pgleader_lock(c, o, s, 'probe') THEN
+  IF NOT pg_temp.pgleader_lock(c, o, s, 'probe') AND NOT pg_temp.pgleader_held(c, o, s) THEN
     RETURN false;
   END IF;
   RETURN EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.classid = c AND l.objid = o AND l.objsubid = s
@@ -181,19 +209,18 @@ BEGIN
   IF g <> 0 THEN
     RETURN g;
   END IF;
-  IF pg_temp.pgleader_lock(c, o, s, 'probe') THEN
-    IF pg_temp.pgleader_mine(c, o, s) THEN
-      RETURN 3;
-    ELSIF pg_temp.pgleader_lock(c, o, s, 'try') THEN
-      IF pg_temp.pgleader_reserved(gate, me) THEN
-        PERFORM pg_temp.pgleader_lock(c, o, s, 'unlock');
-        RETURN 6;
-      END IF;
-      IF lease_ms IS NOT NULL THEN
-        PERFORM set_config('idle_session_timeout', lease_ms::text, false);
-      END IF;
-      RETURN 1;
+  IF pg_temp.pgleader_mine(c, o, s) THEN
+    RETURN 3;
+  END IF;
+  IF pg_temp.pgleader_lock(c, o, s, 'try') THEN
+    IF pg_temp.pgleader_reserved(gate, me) THEN
+      PERFORM pg_temp.pgleader_lock(c, o, s, 'unlock');
+      RETURN 6;
     END IF;
+    IF lease_ms IS NOT NULL THEN
+      PERFORM set_config('idle_session_timeout', lease_ms::text, false);
+    END IF;
+    RETURN 1;
   END IF;
   FOR i IN 1 .. coalesce(array_length(slots, 1), 0) LOOP
     IF pg_temp.pgleader_lock(1885817928, slots[i]::oid, 2::int2, 'try') THEN
