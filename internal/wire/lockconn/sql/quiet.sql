@@ -6,9 +6,10 @@
 -- name: functions
 CREATE OR REPLACE FUNCTION pg_temp.pgleader_lock(c oid, o oid, s int2, how text) RETURNS bool
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
--- One advisory-lock call on the key (c, o, s): 'try' and 'try_shared'
--- never wait, 'wait' waits (up to lock_timeout), 'unlock' and
--- 'unlock_shared' release, and 'probe' is true when the key is free or
+-- One advisory-lock call on the key (c, o, s): 'try', 'try_shared' and
+-- 'try_xact' (a transaction-level lock; see pgleader_held) never wait,
+-- 'wait' waits (up to lock_timeout), 'unlock' and 'unlock_shared'
+-- release, and 'probe' is true when the key is free or
 -- this backend's: a shared lock taken and released at once, which never
 -- outlives the call (followers that kept one into their exclusive wait
 -- would deadlock each other; see pgleader_unshare for a cancel that lands
@@ -33,6 +34,7 @@ BEGIN
     CASE how
       WHEN 'try' THEN RETURN pg_try_advisory_lock(k);
       WHEN 'try_shared' THEN RETURN pg_try_advisory_lock_shared(k);
+      WHEN 'try_xact' THEN RETURN pg_try_advisory_xact_lock(k);
       WHEN 'wait' THEN PERFORM pg_advisory_lock(k); RETURN true;
       WHEN 'unlock' THEN RETURN pg_advisory_unlock(k);
       WHEN 'unlock_shared' THEN RETURN pg_advisory_unlock_shared(k);
@@ -41,6 +43,7 @@ BEGIN
   CASE how
     WHEN 'try' THEN RETURN pg_try_advisory_lock(a, b);
     WHEN 'try_shared' THEN RETURN pg_try_advisory_lock_shared(a, b);
+    WHEN 'try_xact' THEN RETURN pg_try_advisory_xact_lock(a, b);
     WHEN 'wait' THEN PERFORM pg_advisory_lock(a, b); RETURN true;
     WHEN 'unlock' THEN RETURN pg_advisory_unlock(a, b);
     WHEN 'unlock_shared' THEN RETURN pg_advisory_unlock_shared(a, b);
@@ -89,11 +92,7 @@ DECLARE
   got bool := false;
 BEGIN
   BEGIN
-    IF s = 1 THEN
-      got := pg_try_advisory_xact_lock((c::int8 << 32) | o::int8);
-    ELSE
-      got := pg_try_advisory_xact_lock((c::int8 - (c::int8 >> 31) * 4294967296)::int4, (o::int8 - (o::int8 >> 31) * 4294967296)::int4);
-    END IF;
+    got := pg_temp.pgleader_lock(c, o, s, 'try_xact');
     RAISE EXCEPTION USING ERRCODE = 'P0001';
   EXCEPTION WHEN raise_exception THEN
     NULL;
