@@ -118,7 +118,10 @@ func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from string, p
 	var n *pgconn.Notification
 	var err error
 	for {
-		if _, err = conn.Exec(actx, "SELECT pg_catalog.pg_notify($1, $2)", t.ResignChannel(), payload); err != nil {
+		// The commit waits for the server-wide notify queue lock: under
+		// the caller's lock_timeout, a timeout there would be an ERROR in
+		// the server's log with no statement (actx bounds the wait).
+		if _, err = conn.Exec(actx, "SELECT pg_catalog.pg_notify($1, $2), pg_catalog.set_config('lock_timeout', '0', true)", t.ResignChannel(), payload); err != nil {
 			break
 		}
 		wctx, wcancel := context.WithTimeout(actx, askAgain)
