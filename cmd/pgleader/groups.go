@@ -85,9 +85,8 @@ ORDER BY 1, 3, 2`, names, classes, objs)
 			rows.Close()
 			return nil, err
 		}
-		var ss sessionStatus
-		ss.parseApp(app)
-		m.PID, m.Identity, m.Rank = uint32(pid), ss.Identity, ss.Rank
+		m.PID = uint32(pid)
+		m.Identity, m.Rank = splitApp(app)
 		g := byName[name]
 		g.Members = append(g.Members, m)
 		member[m.PID] = g
@@ -142,8 +141,7 @@ func renderGroups(w io.Writer, groups []*groupView) {
 	for _, g := range groups {
 		var ms []string
 		for _, m := range g.Members {
-			ss := sessionStatus{Identity: m.Identity, Rank: m.Rank}
-			ms = append(ms, fmt.Sprintf("%s(%d) %d", ss.label(), m.PID, m.Owned))
+			ms = append(ms, fmt.Sprintf("%s(%d) %d", label(m.Identity, m.Rank), m.PID, m.Owned))
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", show(g.Name), g.Keys, g.Leaderless, orDash(strings.Join(ms, ", ")))
 	}

@@ -35,8 +35,14 @@ type pageData struct {
 	Handovers []termRow
 	History   bool // the history table exists and is readable
 	Refresh   int  // seconds
-	Error     string
+	// ListWatchers is how many of a key's watchers the page names; it
+	// counts the rest.
+	ListWatchers int
+	Error        string
 }
+
+// listWatchers is how many of a key's watchers the page names.
+const listWatchers = 8
 
 var pageFuncs = template.FuncMap{
 	"age": func(now time.Time, t *time.Time) string {
@@ -90,7 +96,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 <tbody>
 {{range .Groups}}<tr class="{{if .Leaderless}}leaderless{{else}}led{{end}}">
 <td><span class="name">{{.Name}}</span></td><td>{{.Keys}}</td><td>{{if .Leaderless}}<span class="none">{{.Leaderless}}</span>{{else}}0{{end}}</td>
-<td>{{range .Members}}<div><span class="leader">{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}</span> {{.Owned}} <span class="sub">pid {{.PID}} · {{.User}}</span></div>{{end}}</td>
+<td>{{range .Members}}<div><span class="leader">{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}</span>{{template "rank" .Rank}} {{.Owned}} <span class="sub">pid {{.PID}} · {{.User}}</span></div>{{end}}</td>
 </tr>
 {{end}}
 </tbody></table></div>
@@ -105,11 +111,11 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 {{range .Locks}}{{$now := $.Now}}
 <tr class="{{if .Holder}}led{{else}}leaderless{{end}}">
 <td><span class="name">{{if .Name}}{{.Name}}{{else}}(unnamed){{end}}</span><br><span class="key">{{.Key}}</span></td>
-<td>{{with .Holder}}<span class="leader">{{if .Identity}}{{.Identity}}{{else}}(no application_name){{end}}</span>{{with .Rank}} <span class="sub">{{.Strategy}} priority {{.Priority}}{{with .Version}} version {{.}}{{end}}</span>{{end}}<br><span class="sub">pid {{.PID}} · {{.User}}</span>{{with .Value}}<br><span class="sub">value {{.}}</span>{{end}}{{else}}<span class="none">NO LEADER</span>{{end}}{{with .Why}}<br><span class="sub">why: {{.}}</span>{{end}}</td>
+<td>{{with .Holder}}<span class="leader">{{if .Identity}}{{.Identity}}{{else}}(no application_name){{end}}</span>{{template "rank" .Rank}}<br><span class="sub">pid {{.PID}} · {{.User}}</span>{{with .Value}}<br><span class="sub">value {{.}}</span>{{end}}{{else}}<span class="none">NO LEADER</span>{{end}}{{with .Why}}<br><span class="sub">why: {{.}}</span>{{end}}</td>
 <td>{{with .Holder}}{{if .HeldSince}}{{if not .HeldSinceExact}}&lt;{{end}}{{age $now .HeldSince}}{{end}}{{end}}</td>
 <td>{{if .Term}}{{.Term}}{{end}}</td>
-<td>{{range .Waiters}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{with .Rank}} <span class="sub">{{.Strategy}} priority {{.Priority}}{{with .Version}} version {{.}}{{end}}</span>{{end}} <span class="sub">{{if .StandingSince}}{{age $now .StandingSince}}{{else if .WaitingSince}}{{age $now .WaitingSince}}{{end}}</span></div>{{end}}</td>
-<td>{{len .Watching}}</td>
+<td>{{range .Waiters}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{template "rank" .Rank}} <span class="sub">{{if .StandingSince}}{{age $now .StandingSince}}{{else if .WaitingSince}}{{age $now .WaitingSince}}{{end}}</span></div>{{end}}</td>
+<td>{{range $i, $w := .Watching}}{{if lt $i $.ListWatchers}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{template "rank" .Rank}}</div>{{end}}{{end}}{{if gt (len .Watching) $.ListWatchers}}<div class="sub">{{len .Watching}} in all</div>{{end}}</td>
 <td>{{with .LastHandover}}{{ago $now .At}}{{if .From}}<br><span class="sub">from {{.From}}{{if .Reason}} ({{.Reason}}){{end}}</span>{{end}}{{end}}</td>
 </tr>
 {{end}}
@@ -132,7 +138,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 <footer><p>Read-only. This page shows only what any role that can connect to this database can read itself: pg_locks, pg_stat_activity and pgleader's terms and history tables. Names and identities are shown as the sessions set them.</p></footer>
 </body>
 </html>
-`))
+{{define "rank"}}{{with .}} <span class="sub">{{.Strategy}} priority {{.Priority}}{{with .Version}} version {{.}}{{end}}</span>{{end}}{{end}}`))
 
 const pageCSS = `body{font:15px/1.4 system-ui,sans-serif;margin:0 auto;max-width:72rem;padding:0 1rem;color:#1b1f23;background:#fff}
 h1{font-size:1.4rem;margin:.8rem 0 0}h2{font-size:1.1rem;margin:1.2rem 0 .4rem}
@@ -192,7 +198,7 @@ func (p *pageServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *pageServer) read(ctx context.Context) pageData {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	d := pageData{Now: time.Now(), Refresh: max(1, int(p.refresh.Seconds()))}
+	d := pageData{Now: time.Now(), Refresh: max(1, int(p.refresh.Seconds())), ListWatchers: listWatchers}
 	err := p.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		conn := c.Conn()
 		if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&d.Database); err != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -229,5 +230,47 @@ func must[T any](v T, err error) func(t *testing.T) T {
 			t.Fatal(err)
 		}
 		return v
+	}
+}
+
+// The page names each candidate with its rank (the holder, its waiters,
+// its watchers up to listWatchers, then their count; a group's members),
+// and says why the holder leads.
+func TestPageShowsRanks(t *testing.T) {
+	sess := func(app string) sessionStatus {
+		var s sessionStatus
+		s.parseApp(app)
+		return s
+	}
+	holder := sess("old [N0 1.0.0]")
+	ls := &lockStatus{Key: "1 2", Name: "ranked", Holder: &holder, Waiters: []sessionStatus{sess("heir [N0 1.0.0]"), sess("plain")}}
+	for i := range listWatchers + 2 {
+		ls.Watching = append(ls.Watching, sess(fmt.Sprintf("w%d [N%d 2.0.%d]", i, i, i)))
+	}
+	ls.Why = rankWhy(ls)
+	member := groupMember{Identity: "member-a", PID: 7, Owned: 3}
+	member.Rank = sess("member-a [P5]").Rank
+	d := pageData{Now: time.Now(), Database: "db", Locks: []*lockStatus{ls}, ListWatchers: listWatchers,
+		Groups: []*groupView{{Name: "tenants", Keys: 3, Members: []groupMember{member}}}}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, d); err != nil {
+		t.Fatal(err)
+	}
+	text := regexp.MustCompile(`<[^>]*>`).ReplaceAllString(b.String(), " ")
+	text = strings.Join(strings.Fields(text), " ")
+	for _, want := range []string{
+		"old NewestVersion priority 0 version 1.0.0 pid",
+		// an unranked waiter shows no rank
+		"heir NewestVersion priority 0 version 1.0.0 plain w0 NewestVersion priority 0 version 2.0.0",
+		fmt.Sprintf("w%d NewestVersion priority %[1]d version 2.0.%[1]d %d in all", listWatchers-1, listWatchers+2),
+		`why: a preferred candidate stands: w9 [N9 2.0.9] (NewestVersion: version &#34;2.0.9&#34; over &#34;1.0.0&#34;)`,
+		"member-a ByPriority priority 5 3 pid 7",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the page does not say %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, fmt.Sprintf("w%d ", listWatchers)) {
+		t.Errorf("the page names more than %d watchers:\n%s", listWatchers, text)
 	}
 }

@@ -93,20 +93,30 @@ type rankStatus struct {
 
 // parseApp sets s's identity and rank from its application_name.
 func (s *sessionStatus) parseApp(app string) {
-	s.app, s.Identity = app, app
-	if id, r, ok := leader.ParseApplicationName(app); ok {
-		s.Identity = id
-		s.Rank = &rankStatus{Strategy: r.Strategy.String(), Priority: r.Priority, Version: r.Version, rank: r}
+	s.app = app
+	s.Identity, s.Rank = splitApp(app)
+}
+
+// splitApp returns the identity an application_name carries, and the
+// rank when it carries one (see leader.Rank).
+func splitApp(app string) (string, *rankStatus) {
+	id, r, ok := leader.ParseApplicationName(app)
+	if !ok {
+		return app, nil
 	}
+	return id, &rankStatus{Strategy: r.Strategy.String(), Priority: r.Priority, Version: r.Version, rank: r}
 }
 
 // label is the session's identity, and its rank when it has one, for
 // text.
-func (s *sessionStatus) label() string {
-	if s.Rank == nil {
-		return show(s.Identity)
+func (s *sessionStatus) label() string { return label(s.Identity, s.Rank) }
+
+// label is identity, and r when it is not nil, for text.
+func label(identity string, r *rankStatus) string {
+	if r == nil {
+		return show(identity)
 	}
-	return show(s.Identity) + " " + strings.TrimPrefix(s.Rank.rank.ApplicationName(""), " ")
+	return show(identity) + " " + strings.TrimPrefix(r.rank.ApplicationName(""), " ")
 }
 
 // rankWhy says why the holder of ls leads, when it or a candidate is
