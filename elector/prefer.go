@@ -169,6 +169,14 @@ func (e *Elector) prove(t *tenure, ls lease, c *candidate) bool {
 		e.candidateLog(t, c).Info("a rank that the sender's session does not carry is ignored", zap.String("application_name", app))
 	default:
 		c.name = name
+		// The reservation reads pg_locks and pg_stat_activity by name;
+		// a session's first such read loads its catalog caches (about
+		// 3 ms of the server's time on a small VM, against 0.5 ms
+		// after). Have that read now, off the handover's path; whether
+		// the candidate stands, the reservation asks again.
+		if _, err := ls.Standing(ctx, e.target, name); err != nil {
+			e.candidateLog(t, c).Debug("could not look the proven candidate up again", zap.Error(err))
+		}
 		return true
 	}
 	e.refuseRank(t, c)

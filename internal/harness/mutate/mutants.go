@@ -632,4 +632,12 @@ var mutants = []mutant{
 	{"standing-any-suffix", "internal/wire/lockconn/sql/handover.sql",
 		"AND substr(a.application_name, length($1) + 1) ~ '^ \\[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\\]$')) AND l.pid", ")) AND l.pid",
 		"any session whose name begins with a candidate's and a bracket stands for it (RequestResign to it is granted)"},
+	{"warm-unlocks-unheld", "internal/wire/lockconn/sql/handover.sql",
+		"    IF pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'try') THEN\n      PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'unlock');\n    END IF;",
+		"    PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'try');\n    PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'unlock');",
+		"an heir's warm-up releases its name lock whether it took it or not: a WARNING in the server's log when a reservation holds it"},
+	{"warm-keeps-name", "internal/wire/lockconn/sql/handover.sql",
+		"      PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'unlock');\n    END IF;\n    PERFORM pg_temp.pgleader_gate_ours(NULL);",
+		"      NULL;\n    END IF;\n    PERFORM pg_temp.pgleader_gate_ours(NULL);",
+		"an heir's warm-up keeps its own name lock: no reservation for it can be taken, and a handover to it fails"},
 }

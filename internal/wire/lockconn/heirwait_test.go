@@ -222,3 +222,76 @@ func TestHeirWaitWhileLockWaitsAreLogged(t *testing.T) {
 		t.Fatalf("a logged lock wait:\n%s", tail)
 	}
 }
+
+// A session that takes an heir slot runs the give-back's statements once
+// (pgleader_warm), off the handover's path, on locks of its own: its name
+// lock, taken and released at once when it is free, and left alone when
+// another session holds it (a reservation for this session: releasing a
+// lock it does not hold would log a WARNING, and taking it would block
+// the reservation). No line in the server's log either way.
+func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{})
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	q := lockconn.Quiet{Wait: time.Minute, Poll: time.Minute, Heirs: 2, Lease: 60 * time.Second}
+	ldr, lt := quietSessionOn(t, srv, "warm-leader", key, q)
+	if r, err := ldr.Campaign(ctx, lt, false); err != nil || !r.Held {
+		t.Fatalf("the first poll on a free lock: %+v %v", r, err)
+	}
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	before := srv.LogLines()
+	nameHeld := func(id string, pid uint32) bool {
+		t.Helper()
+		var held bool
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
+			AND classid = $2::int8::oid AND objid = ($3::int8 & 4294967295)::oid AND objsubid = 2 AND granted)`,
+			int32(pid), int64(lockconn.Space), int64(lt.NameLock(id))).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
+	warmed := func(ls *lockconn.Lease) string {
+		t.Helper()
+		var v *string
+		if err := ls.Conn().QueryRow(ctx, "SELECT current_setting('pgleader.warm', true)").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v == nil {
+			return "(unset)"
+		}
+		return *v
+	}
+
+	// A reservation for the first heir holds its name lock.
+	var adminPID uint32
+	if err := admin.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&adminPID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", int32(lockconn.Space), lt.NameLock("warm-heir-a")); err != nil {
+		t.Fatal(err)
+	}
+	a, at := quietSessionOn(t, srv, "warm-heir-a", key, q)
+	if r, err := a.Campaign(ctx, at, false); err != nil || r.Held || !a.Heir(at) {
+		t.Fatalf("the first heir's poll: %+v %v, heir %v", r, err, a.Heir(at))
+	}
+	if !nameHeld("warm-heir-a", adminPID) || nameHeld("warm-heir-a", a.PID()) || warmed(a) != "on" {
+		t.Fatalf("with its name lock taken by another session, an heir's warm-up: name lock held by that session %v, by the heir %v; warm %q",
+			nameHeld("warm-heir-a", adminPID), nameHeld("warm-heir-a", a.PID()), warmed(a))
+	}
+
+	// The second heir's name lock is free: it takes it and releases it.
+	b, bt := quietSessionOn(t, srv, "warm-heir-b", key, q)
+	if r, err := b.Campaign(ctx, bt, false); err != nil || r.Held || !b.Heir(bt) {
+		t.Fatalf("the second heir's poll: %+v %v, heir %v", r, err, b.Heir(bt))
+	}
+	if nameHeld("warm-heir-b", b.PID()) || warmed(b) != "on" {
+		t.Fatalf("after its warm-up, the heir holds its own name lock: %v; warm %q", nameHeld("warm-heir-b", b.PID()), warmed(b))
+	}
+	if added := srv.LogLines() - before; added != 0 {
+		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
+	}
+}

@@ -223,6 +223,7 @@ BEGIN
   END IF;
   FOR i IN 1 .. coalesce(array_length(slots, 1), 0) LOOP
     IF pg_temp.pgleader_lock(1885817928, slots[i]::oid, 2::int2, 'try') THEN
+      PERFORM pg_temp.pgleader_warm(gate, me);
       IF lease_ms IS NOT NULL THEN
         PERFORM set_config('idle_session_timeout', lease_ms::text, false);
       END IF;
