@@ -82,10 +82,11 @@ type Elector struct {
 	// leaderRank is the rank of the leader named by leaderID, as its
 	// application_name says (the zero rank: unranked). rankTo is the
 	// leader's backend this candidate last told its rank (see tellRank),
-	// rankSent when, and rankGap how long until it may tell it again (the
-	// elector's goroutine only).
+	// rankTold how many times, rankSent when last, and rankGap how long
+	// until it may tell it again (the elector's goroutine only).
 	leaderRank leader.Rank
 	rankTo     uint32
+	rankTold   int
 	rankSent   time.Time
 	rankGap    time.Duration
 

@@ -236,14 +236,16 @@ func (e *Elector) why(a, b leader.Preference) string {
 }
 
 // tellRank tells a leader this candidate's rank, when it has one: on
-// first seeing the leader's backend, and again while the candidate ranks
-// above it (as the leader's application_name says, under the leader's
-// strategy, which decides), rankResend after the last time, then twice
-// as long each time up to rankResendMax. A rank sent before the new
-// leader listens, or lost with a connection, is so told again; a
-// candidate that does not rank above the leader costs nothing more.
-// Losing one is harmless (the leader only hands over later), so an error
-// is only logged.
+// first seeing the leader's backend, once more rankResend later, and
+// again while the candidate ranks above it (as the leader's
+// application_name says, under the leader's strategy, which decides),
+// each time twice as long after the last, up to rankResendMax. A rank
+// sent before the new leader listens (from its first renew on), or lost
+// with a connection, is so told again: a leader that leaves hands over to
+// the best rank it heard, so even a rank below its own counts. A
+// candidate that does not rank above the leader costs nothing after its
+// second telling. Losing one is harmless (the leader only hands over
+// later, or to another), so an error is only logged.
 func (e *Elector) tellRank(ls lease, leaderPID uint32) {
 	if !e.cfg.ranked() || leaderPID == 0 || leaderPID == ls.PID() {
 		return
@@ -251,13 +253,14 @@ func (e *Elector) tellRank(ls lease, leaderPID uint32) {
 	now := time.Now()
 	switch {
 	case leaderPID != e.rankTo:
-		e.rankTo, e.rankGap = leaderPID, rankResend
-	case now.Sub(e.rankSent) >= e.rankGap && e.outranksLeader():
+		e.rankTo, e.rankGap, e.rankTold = leaderPID, rankResend, 0
+	case now.Sub(e.rankSent) >= e.rankGap && (e.rankTold < 2 || e.outranksLeader()):
 		e.rankGap = min(2*e.rankGap, rankResendMax)
 	default:
 		return
 	}
 	e.rankSent = now
+	e.rankTold++
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
 	if err := ls.SendRank(ctx, e.target, leaderPID, lockconn.Rank{Priority: e.cfg.Priority, Version: e.cfg.Version}); err != nil {

@@ -492,11 +492,14 @@ func TestScriptedLeavingSkipsALowRank(t *testing.T) {
 	}
 }
 
-// A ranked candidate tells a leader its rank on first seeing it, and
-// tells it again (1 s later, then 2 s, ...) only while the leader's own
-// application_name says it prefers the candidate to itself: a rank sent
-// before the new leader listened, or lost, is not lost for good, and a
-// candidate the leader would not hand over to costs it nothing more.
+// A ranked candidate tells a leader its rank on first seeing it and once
+// more 1 s later, whatever the ranks (a leader listens only from its first
+// renew on, and one that leaves hands over to the best rank it heard, even
+// below its own), and then again (2 s later, then 4 s, ...) only while the
+// leader's own application_name says it prefers the candidate to itself:
+// a rank sent before the new leader listened, or lost, is not lost for
+// good, and a candidate the leader would not hand over to costs it
+// nothing more.
 func TestScriptedRankToldAgainOnlyWhileOutranking(t *testing.T) {
 	for _, tt := range []struct {
 		name, holder string
@@ -518,15 +521,17 @@ func TestScriptedRankToldAgainOnlyWhileOutranking(t *testing.T) {
 			if got := sc.e.Leader(); got != "the-leader" {
 				t.Fatalf("Leader() = %q, want the identity without its rank", got)
 			}
+			began := time.Now()
+			eventually(t, "the rank told a second time", func() (bool, string) { return ls.count("rank") >= 2, "" })
 			if tt.again {
-				eventually(t, "the rank told again", func() (bool, string) { return ls.count("rank") >= 2, "" })
+				eventually(t, "the rank told a third time", func() (bool, string) { return ls.count("rank") >= 3, "" })
 				return
 			}
-			// The first resend would be due 1 s after the first rank.
-			began := time.Now()
-			eventually(t, "rounds for 1.5 s", func() (bool, string) { return time.Since(began) > 1500*time.Millisecond, "" })
-			if n := ls.count("rank"); n != 1 {
-				t.Fatalf("the rank told %d times to a leader that does not prefer this candidate, want once", n)
+			// The third would be due 2 s after the second, 3 s after the
+			// first.
+			eventually(t, "rounds for 3.5 s", func() (bool, string) { return time.Since(began) > 3500*time.Millisecond, "" })
+			if n := ls.count("rank"); n != 2 {
+				t.Fatalf("the rank told %d times to a leader that does not prefer this candidate, want twice", n)
 			}
 		})
 	}
