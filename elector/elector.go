@@ -82,11 +82,10 @@ type Elector struct {
 	// leaderRank is the rank of the leader named by leaderID, as its
 	// application_name says (the zero rank: unranked). rankTo is the
 	// leader's backend this candidate last told its rank (see tellRank),
-	// rankTold how many times, rankSent when last, and rankGap how long
-	// until it may tell it again (the elector's goroutine only).
+	// rankSent when, and rankGap how long until it may tell it again (the
+	// elector's goroutine only).
 	leaderRank leader.Rank
 	rankTo     uint32
-	rankTold   int
 	rankSent   time.Time
 	rankGap    time.Duration
 

@@ -253,14 +253,14 @@ func (e *Elector) tellRank(ls lease, leaderPID uint32) {
 	now := time.Now()
 	switch {
 	case leaderPID != e.rankTo:
-		e.rankTo, e.rankGap, e.rankTold = leaderPID, rankResend, 0
-	case now.Sub(e.rankSent) >= e.rankGap && (e.rankTold < 2 || e.outranksLeader()):
+		e.rankTo, e.rankGap = leaderPID, rankResend
+	case now.Sub(e.rankSent) >= e.rankGap && (e.rankGap == rankResend || e.outranksLeader()):
+		// rankGap is still rankResend only before the second telling.
 		e.rankGap = min(2*e.rankGap, rankResendMax)
 	default:
 		return
 	}
 	e.rankSent = now
-	e.rankTold++
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
 	if err := ls.SendRank(ctx, e.target, leaderPID, lockconn.Rank{Priority: e.cfg.Priority, Version: e.cfg.Version}); err != nil {
