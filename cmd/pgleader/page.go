@@ -35,16 +35,14 @@ type pageData struct {
 	Handovers []termRow
 	History   bool // the history table exists and is readable
 	Refresh   int  // seconds
-	// ListWatchers is how many of a key's watchers the page names; it
-	// counts the rest.
-	ListWatchers int
-	Error        string
+	Error     string
 }
 
 // listWatchers is how many of a key's watchers the page names.
 const listWatchers = 8
 
 var pageFuncs = template.FuncMap{
+	"listWatchers": func() int { return listWatchers },
 	"age": func(now time.Time, t *time.Time) string {
 		if t == nil {
 			return ""
@@ -115,7 +113,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(pageFuncs).Parse(`<!
 <td>{{with .Holder}}{{if .HeldSince}}{{if not .HeldSinceExact}}&lt;{{end}}{{age $now .HeldSince}}{{end}}{{end}}</td>
 <td>{{if .Term}}{{.Term}}{{end}}</td>
 <td>{{range .Waiters}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{template "rank" .Rank}} <span class="sub">{{if .StandingSince}}{{age $now .StandingSince}}{{else if .WaitingSince}}{{age $now .WaitingSince}}{{end}}</span></div>{{end}}</td>
-<td>{{range $i, $w := .Watching}}{{if lt $i $.ListWatchers}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{template "rank" .Rank}}</div>{{end}}{{end}}{{if gt (len .Watching) $.ListWatchers}}<div class="sub">{{len .Watching}} in all</div>{{end}}</td>
+<td>{{range $i, $w := .Watching}}{{if lt $i listWatchers}}<div>{{if .Identity}}{{.Identity}}{{else}}pid {{.PID}}{{end}}{{template "rank" .Rank}}</div>{{end}}{{end}}{{if gt (len .Watching) listWatchers}}<div class="sub">{{len .Watching}} in all</div>{{end}}</td>
 <td>{{with .LastHandover}}{{ago $now .At}}{{if .From}}<br><span class="sub">from {{.From}}{{if .Reason}} ({{.Reason}}){{end}}</span>{{end}}{{end}}</td>
 </tr>
 {{end}}
@@ -198,7 +196,7 @@ func (p *pageServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *pageServer) read(ctx context.Context) pageData {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	d := pageData{Now: time.Now(), Refresh: max(1, int(p.refresh.Seconds())), ListWatchers: listWatchers}
+	d := pageData{Now: time.Now(), Refresh: max(1, int(p.refresh.Seconds()))}
 	err := p.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		conn := c.Conn()
 		if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&d.Database); err != nil {

@@ -250,7 +250,7 @@ func TestPageShowsRanks(t *testing.T) {
 	ls.Why = rankWhy(ls)
 	member := groupMember{Identity: "member-a", PID: 7, Owned: 3}
 	member.Rank = sess("member-a [P5]").Rank
-	d := pageData{Now: time.Now(), Database: "db", Locks: []*lockStatus{ls}, ListWatchers: listWatchers,
+	d := pageData{Now: time.Now(), Database: "db", Locks: []*lockStatus{ls},
 		Groups: []*groupView{{Name: "tenants", Keys: 3, Members: []groupMember{member}}}}
 	var b strings.Builder
 	if err := pageTemplate.Execute(&b, d); err != nil {
