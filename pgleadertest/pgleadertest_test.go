@@ -61,6 +61,9 @@ func TestFailoverHelpers(t *testing.T) {
 		}
 	}
 	first := next()
+	// The other elector queues on the lock before the leader's backend
+	// goes: until it does, the terminated one may win its own key back.
+	waitQueued(t, srv, key)
 	gone, err := srv.TerminateLeader(ctx, key)
 	if err != nil || gone != first {
 		t.Fatalf("TerminateLeader: %q, %v; want %q", gone, err, first)
@@ -76,6 +79,35 @@ func TestFailoverHelpers(t *testing.T) {
 	next()
 	if n, err := srv.TerminateBackend(ctx, "nobody"); n != 0 || err != nil {
 		t.Fatalf("TerminateBackend(nobody): %d, %v", n, err)
+	}
+}
+
+// waitQueued waits until a session waits for key.
+func waitQueued(t *testing.T, srv *pgleadertest.Server, key leader.Key) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	c, o, s := key.LockTag()
+	for {
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND classid = $1 AND objid = $2 AND objsubid = $3 AND NOT granted`, c, o, s).Scan(&n)
+		if err != nil {
+			t.Fatalf("no session queued on the key: %v", err)
+		}
+		if n > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("no session queued on the key within 30s")
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
