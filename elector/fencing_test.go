@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
@@ -382,4 +384,75 @@ func TestHistoryTableCreatedConcurrently(t *testing.T) {
 			classid, objid, objsubid, el.term).Scan(&n)
 		return err == nil && n == 1, fmt.Sprint(n, err)
 	})
+}
+
+// A primary whose synchronous standby is gone (synchronous_standby_names
+// names one that never connects) still elects without fencing terms:
+// nothing an elector's session writes waits for the standby, and above
+// all not a session's end, when the server drops its temporary functions
+// in a transaction that commits under the session's synchronous_commit
+// (on by PostgreSQL's default, as in these DSNs): with the standby gone,
+// a crashed leader's backend waited there, holding the key, and nobody
+// took over. With fencing terms, a term is durable or not handed out:
+// the bump waits for the standby, and that elector does not lead.
+func TestSynchronousStandbyGone(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"synchronous_standby_names=nobody"}})
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	const syncOn = "&synchronous_commit=on"
+	proxy := newProxy(t, srv)
+	start(t, r, opts{dsn: proxy.DSN() + syncOn, key: key, id: "sg-1"})
+	r.next("elected", "sg-1")
+	start(t, r, opts{dsn: srv.DSN() + syncOn, key: key, id: "sg-2"})
+	waitWaiter(t, srv, key, "sg-2")
+	// The leader's connection is cut: its backend ends on its own.
+	proxy.Cut()
+	r.next("elected", "sg-2")
+
+	admin := mustConn(t, srv)
+	startWith(t, r, opts{dsn: srv.DSN() + syncOn, key: leader.KeyFromName(t.Name() + "/fenced"), id: "sg-fenced"}, func(c *elector.Config) {
+		c.Fencing = fencingOn
+	})
+	eventually(t, "the fenced elector's term waits for the standby", func() (bool, string) {
+		var n int
+		err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sg-fenced' AND wait_event = 'SyncRep'").Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(n, err)
+	})
+	if n := r.count("elected", "sg-fenced"); n != 0 {
+		t.Fatalf("sg-fenced led %d times with a term the standby never had", n)
+	}
+}
+
+// A connector whose context handling sends a cancel request (pgconn's
+// CancelRequestContextWatcherHandler) ends a bump's wait for the missing
+// standby when the round's deadline comes: the server then commits the
+// term here only, says so in a WARNING, and answers as if all went well.
+// That term is not durable: the elector must not lead with it. It tries
+// again, and the server logs a second WARNING; a leader would not have.
+func TestTermCancelledInItsStandbyWait(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"synchronous_standby_names=nobody"}})
+	r := newRecorder(t)
+	cancelling := elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+		cfg, err := pgx.ParseConfig(srv.DSN() + "&synchronous_commit=on")
+		if err != nil {
+			return nil, err
+		}
+		cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
+		}
+		return pgx.ConnectConfig(ctx, cfg)
+	})
+	startWith(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "sg-cancel"}, func(c *elector.Config) {
+		c.Connect = cancelling
+		c.Fencing = fencingOn
+	})
+	const warning = "canceling wait for synchronous replication"
+	eventually(t, "the term's wait cancelled twice", func() (bool, string) {
+		n := strings.Count(srv.LogTail(1<<20), warning)
+		return n >= 2, fmt.Sprint(n, " warnings")
+	})
+	if n := r.count("elected", "sg-cancel"); n != 0 {
+		t.Fatalf("sg-cancel led %d times with a term the standby never had", n)
+	}
 }

@@ -55,8 +55,7 @@ var _ lease = (*lockconn.Lease)(nil)
 // openLease connects and sets the session up in one round trip:
 // application_name, the lock wait bound (RenewInterval), the server-side
 // lease (idle_session_timeout = LeaseDuration), keepalives, and
-// synchronous_commit (a fencing term must survive a crash and a failover);
-// with fencing it also makes sure the terms table exists; then it prepares
+// synchronous_commit (see lockconn.Setup); with fencing it also makes sure the terms table exists; then it prepares
 // the quiet follower round. Connecting and the rest are each bounded by
 // LeaseDuration.
 func (e *Elector) openLease(ctx context.Context) (lease, error) {
@@ -75,7 +74,7 @@ func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	defer cancel()
 	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{
 		Identity: c.Identity, AppName: c.appName(), LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
-		KeepIdle: c.RenewDeadline, SyncCommit: true,
+		KeepIdle: c.RenewDeadline,
 	})
 	if err != nil {
 		lockconn.Close(conn)

@@ -100,6 +100,9 @@ func askFor(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, key leader.
 	return from, pid, nil
 }
 
+// requestSQL sends a resign request.
+const requestSQL = "SELECT pg_catalog.pg_notify($1, $2), pg_catalog.set_config('lock_timeout', '0', true)"
+
 // askAgain is how long an asker waits for an answer before it sends its
 // request again: a leader elected a moment ago listens for requests only
 // from its first renew on (after OnElected started), so a request it was
@@ -121,7 +124,7 @@ func ask(ctx context.Context, conn *pgx.Conn, t *lockconn.Target, from string, p
 		// The commit waits for the server-wide notify queue lock: under
 		// the caller's lock_timeout, a timeout there would be an ERROR in
 		// the server's log with no statement (actx bounds the wait).
-		if _, err = conn.Exec(actx, "SELECT pg_catalog.pg_notify($1, $2), pg_catalog.set_config('lock_timeout', '0', true)", t.ResignChannel(), payload); err != nil {
+		if _, err = conn.Exec(actx, requestSQL, t.ResignChannel(), payload); err != nil {
 			break
 		}
 		wctx, wcancel := context.WithTimeout(actx, askAgain)

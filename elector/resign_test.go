@@ -212,6 +212,96 @@ func TestRequestResignRightAfterElection(t *testing.T) {
 	t.Logf("handover slow -> next, seen %s after the request", got.ho.Took)
 }
 
+// A request is a NOTIFY, and a NOTIFY's commit waits for the server-wide
+// notify lock, which another session holds for as long as its own
+// notifying commit waits: here a transaction that wrote WAL and notified,
+// waiting for a synchronous standby that never comes. The request waits
+// for the lock too, not for the caller's lock_timeout (a timeout there is
+// an ERROR the server logs with no statement). The electors' sessions run
+// with synchronous_commit on (for the fencing terms), and nothing they do
+// without terms may wait for the missing standby.
+func TestRequestResignWaitsForTheNotifyLock(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"synchronous_standby_names=nobody"}})
+	ctx := context.Background()
+	r := newRecorder(t)
+	key := testKey(t)
+	wide := opts{deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond}
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "held-1", deadline: wide.deadline, lease: wide.lease})
+	r.next("elected", "held-1")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "held-2", deadline: wide.deadline, lease: wide.lease})
+	waitWaiter(t, srv, key, "held-2")
+
+	stalled := mustConn(t, srv)
+	if _, err := stalled.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	stalledPID := stalled.PgConn().PID()
+	admin := mustConn(t, srv)
+	stalledDone := make(chan struct{})
+	go func() {
+		defer close(stalledDone)
+		// WAL to wait for, and no temporary table left for the session's
+		// end to drop (its commit would wait too).
+		stalled.Exec(ctx, "CREATE TEMP TABLE stall () ON COMMIT DROP; NOTIFY stalled", pgx.QueryExecModeSimpleProtocol)
+	}()
+	release := func() {
+		if _, err := admin.Exec(ctx, "SELECT pg_cancel_backend($1)", stalledPID); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { // also when the test fails before its own release
+		for {
+			select {
+			case <-stalledDone:
+				return
+			case <-time.After(100 * time.Millisecond):
+				release()
+			}
+		}
+	})
+	waitingOn := func(pid uint32, event string) func() (bool, string) {
+		return func() (bool, string) {
+			var ev string
+			err := admin.QueryRow(ctx, "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1", pid).Scan(&ev)
+			return err == nil && ev == event, fmt.Sprint(ev, err)
+		}
+	}
+	eventually(t, "the stalled commit waits for the standby", waitingOn(stalledPID, "SyncRep"))
+
+	type result struct {
+		ho  elector.Handover
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		ho, err := elector.RequestResign(ctx, elector.DSN(srv.DSN()+"&application_name=asker&lock_timeout=1&synchronous_commit=on"), key, "")
+		res <- result{ho, err}
+	}()
+	eventually(t, "the request waits for the notify lock", func() (bool, string) {
+		select {
+		case got := <-res:
+			t.Fatalf("RequestResign returned while the notify lock was held: %+v, %v", got.ho, got.err)
+		default:
+		}
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE a.application_name = 'asker' AND l.locktype = 'object' AND NOT l.granted`).Scan(&n)
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+	// The stalled session gives up its wait (committed locally, a WARNING)
+	// and lets the lock go; the standby is still missing.
+	release()
+	recv(t, stalledDone, "the stalled commit's end")
+	got := recv(t, res, "RequestResign's result")
+	if got.err != nil || got.ho.From != "held-1" || got.ho.To != "held-2" {
+		t.Fatalf("RequestResign behind the notify lock: %+v, %v; want held-1 -> held-2", got.ho, got.err)
+	}
+	r.next("elected", "held-2")
+	if log := srv.LogTail(1 << 20); strings.Contains(log, "lock timeout") {
+		t.Fatalf("the server logged a lock timeout:\n%s", log)
+	}
+}
+
 // Requests are addressed to the leader's backend: a copy meant for an
 // earlier leader (another pid), and a payload that is no request, are
 // dropped unread, and the leader keeps leading.

@@ -257,7 +257,7 @@ func (g *Group) openMember(ctx context.Context) (wire, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	sess, err := lockconn.Setup(cctx, conn, lockconn.Settings{Identity: c.appName(), LockTimeout: c.RenewInterval, Lease: c.LeaseDuration,
-		KeepIdle: c.RenewDeadline, SyncCommit: true})
+		KeepIdle: c.RenewDeadline})
 	if err == nil {
 		// Before anything is locked: no transaction pooler in between.
 		err = lockconn.Prove(cctx, sess, c.Connect.Connect)

@@ -896,3 +896,69 @@ func rollingUpgrade(t *testing.T, s leader.Strategy) {
 		t.Errorf("under OldestVersion, the new version led before the last old member left: %v", early)
 	}
 }
+
+// A primary whose synchronous standby is gone (synchronous_standby_names
+// names one that never connects): a member whose connection is cut (its
+// backend ends on its own, dropping its temporary functions in a
+// transaction that commits under the session's synchronous_commit, on by
+// PostgreSQL's default as in these DSNs) lets its keys go, and the others
+// take them; with fencing terms, the terms' commit waits for the standby
+// and nobody leads with a term the standby never had.
+func TestGroupSynchronousStandbyGone(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"synchronous_standby_names=nobody"}})
+	const syncOn = "&synchronous_commit=on"
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	startMember(t, proxy.DSN()+syncOn, t.Name(), "ga", keys, w)
+	eventually(t, "ga leads every key", func() (bool, string) {
+		c, n := w.counts()
+		return n == len(keys) && c["ga"] == len(keys), fmt.Sprint(c)
+	})
+	b := startMember(t, srv.DSN()+syncOn, t.Name(), "gb", keys, w)
+	eventually(t, "gb sees ga", func() (bool, string) {
+		return len(b.g.Members()) == 2, fmt.Sprint(b.g.Members())
+	})
+	w.mu.Lock()
+	w.faulted["ga"] = true
+	w.mu.Unlock()
+	proxy.Cut()
+	eventually(t, "ga's keys let go", func() (bool, string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		n := 0
+		for _, d := range w.demoted {
+			n += d
+		}
+		return n == len(keys), fmt.Sprint(w.demoted)
+	})
+	eventually(t, "every key led again", func() (bool, string) {
+		c, n := w.counts()
+		return n == len(keys), fmt.Sprint(c)
+	})
+
+	fw := newGroupWatch(t)
+	runMember(t, group.Config{
+		Connect: leader.DSN(srv.DSN() + syncOn), Group: t.Name() + "/fenced", Keys: groupKeys(t.Name()+"/fenced", 2), Identity: "gf",
+		Fencing: group.Fencing{Enabled: true}, Callbacks: fw.callbacks("gf"),
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Logger: testLogger(t, nil),
+	})
+	admin, err := srv.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	eventually(t, "gf's terms wait for the standby", func() (bool, string) {
+		var n int
+		err := admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'gf%' AND wait_event = 'SyncRep'").Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(n, err)
+	})
+	if _, n := fw.counts(); n != 0 {
+		t.Fatalf("gf leads %d keys with terms the standby never had", n)
+	}
+}

@@ -409,7 +409,15 @@ func (m *Member) Bump(ctx context.Context, won []Tag3, names []string) (map[Tag3
 	for i, k := range won {
 		cs[i], os[i], ss[i] = k.C, k.O, k.S
 	}
-	rows, err := m.conn.Query(ctx, m.bump, cs, os, ss, names, m.identity)
+	b := &pgx.Batch{}
+	b.Queue(durableSQL)
+	b.Queue(m.bump, cs, os, ss, names, m.identity)
+	br := m.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +431,16 @@ func (m *Member) Bump(ctx context.Context, won []Tag3, names []string) (map[Tag3
 		}
 		out[k] = term
 	}
-	return out, rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// The commit comes after the rows: its wait for the standbys ends
+	// with the batch.
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	return out, durable(ctx)
 }
 
 // Broadcast tells the whole group msgs (resigns whose successors were told

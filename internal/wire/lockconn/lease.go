@@ -273,10 +273,14 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 	}
 	b := &pgx.Batch{}
 	b.Queue(t.checkSQL)
+	b.Queue(durableSQL)
 	b.Queue(t.bumpSQL, t.bumpArgs...)
 	br := l.conn.SendBatch(ctx, b)
 	defer br.Close()
 	if err := CheckResult(br.QueryRow(), l.sess); err != nil {
+		return 0, err
+	}
+	if _, err := br.Exec(); err != nil {
 		return 0, err
 	}
 	err = br.QueryRow().Scan(&term)
@@ -287,7 +291,29 @@ func (l *Lease) Confirm(ctx context.Context, t *Target) (term int64, err error) 
 	case err != nil:
 		return 0, err
 	}
-	return term, br.Close()
+	if err := br.Close(); err != nil {
+		return 0, err
+	}
+	return term, durable(ctx)
+}
+
+// durableSQL makes the commit of its transaction wait for the synchronous
+// standbys (synchronous_commit on; the session's own setting is local,
+// see Setup): a fencing term must survive a failover, or a promoted
+// standby would hand out the same term again.
+const durableSQL = "SELECT set_config('synchronous_commit', 'on', true)"
+
+// durable reports a durable write's commit as failed when ctx ended
+// while it ran: a cancel during the commit's wait for a synchronous
+// standby ends the wait with the transaction committed here only (the
+// server says so in a WARNING), and that term is not proven durable.
+// A connector whose context handling sends a cancel request could
+// otherwise see it succeed.
+func durable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgleader: the term's commit may not have reached the synchronous standbys: %w", err)
+	}
+	return nil
 }
 
 // notifySQL announces a new leader on its lock's channel. A NOTIFY's

@@ -158,8 +158,6 @@ type Settings struct {
 	Lease time.Duration
 	// KeepIdle is the server's TCP keepalive idle time.
 	KeepIdle time.Duration
-	// SyncCommit forces synchronous_commit=on.
-	SyncCommit bool
 }
 
 // Session is a configured connection. PID and Token identify it: every
@@ -313,9 +311,13 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		{"tcp_user_timeout", ms(s.Lease)},
 		{"idle_session_timeout", ms(s.Lease)},
 		{"pgleader.owner", sess.Token},
-	}
-	if s.SyncCommit {
-		sets = append(sets, [2]string{"synchronous_commit", "on"})
+		// Nothing the session writes waits for a synchronous standby but
+		// a fencing term, whose statement asks for it (durableSQL). Above
+		// all not the drop of the session's temporary functions when it
+		// ends, which commits under the session's setting: with the
+		// standby gone, a session that ended (a crashed leader's) would
+		// wait for it, holding its advisory locks, for as long.
+		{"synchronous_commit", "local"},
 	}
 	var sb strings.Builder
 	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8, " +

@@ -185,7 +185,9 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 	case !l.funcsTried:
 		// One implicit transaction: when the functions cannot be created,
 		// the LISTEN is rolled back with them (the roster lock is a session
-		// lock and stays, which is harmless).
+		// lock and stays, which is harmless). The functions are rows in
+		// the catalog: the commit writes WAL, and waits for no
+		// synchronous standby (the session's synchronous_commit is local).
 		l.funcsTried = true
 		_, qerr := l.conn.Exec(ctx, quietFuncs+"\n"+join, pgx.QueryExecModeSimpleProtocol)
 		if qerr != nil && ctx.Err() != nil {
