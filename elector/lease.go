@@ -55,9 +55,9 @@ var _ lease = (*lockconn.Lease)(nil)
 // openLease connects and sets the session up in one round trip:
 // application_name, the lock wait bound (RenewInterval), the server-side
 // lease (idle_session_timeout = LeaseDuration), keepalives, and
-// synchronous_commit (see lockconn.Setup); with fencing it also makes sure the terms table exists; then it prepares
-// the quiet follower round. Connecting and the rest are each bounded by
-// LeaseDuration.
+// synchronous_commit (local: see lockconn.Setup); with fencing it also
+// makes sure the terms table exists; then it prepares the quiet follower
+// round. Connecting and the rest are each bounded by LeaseDuration.
 func (e *Elector) openLease(ctx context.Context) (lease, error) {
 	c := e.cfg
 	cctx, cancel := context.WithTimeout(ctx, c.LeaseDuration)

@@ -75,7 +75,7 @@ func TestChaosGroup(t *testing.T) {
 func TestChaosHostile(t *testing.T) {
 	r := runChecked(t, Config{Duration: *hostile, Failover: true, Hostile: true})
 	if r.Hostile["notifications"] == 0 {
-		t.Fatal("the hostile tenant sent nothing")
+		t.Fatalf("the hostile tenant sent nothing: %v", r.Hostile)
 	}
 }
 
@@ -93,7 +93,7 @@ func TestChaosRanked(t *testing.T) {
 func TestChaosGroupHostile(t *testing.T) {
 	r := runChecked(t, Config{Duration: *hostile, Failover: true, Group: true, Keys: *keys, Electors: *members, Hostile: true})
 	if r.Hostile["notifications"] == 0 {
-		t.Fatal("the hostile tenant sent nothing")
+		t.Fatalf("the hostile tenant sent nothing: %v", r.Hostile)
 	}
 }
 

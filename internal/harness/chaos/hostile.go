@@ -75,25 +75,51 @@ func (h *harness) tenant(stop <-chan struct{}, done chan<- struct{}) {
 		}
 		if conn == nil || conn.IsClosed() {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			conn, _ = pgx.Connect(ctx, testpg.RoleDSN(h.server(), h.roles.Evil)+"&application_name=tenant")
+			var err error
+			conn, err = pgx.Connect(ctx, testpg.RoleDSN(h.server(), h.roles.Evil)+"&application_name=tenant")
 			cancel()
-			if conn == nil {
+			if err != nil {
+				h.count("connect failed: "+errKind(err), 1)
+				conn = nil
 				continue
 			}
 		}
 		var err error
+		op := "burst"
 		switch n := rng.Intn(10); {
 		case n < 6:
 			err = h.burst(conn, rng)
 		case n < 9:
+			op = "squat"
 			err = h.squat(conn, rng, stop)
 		default:
+			op = "fill"
 			err = h.fill(conn, rng)
 		}
 		if err != nil {
+			// Counted by kind, so that a run in which the tenant did
+			// little says why.
+			h.count(op+" failed: "+errKind(err), 1)
 			conn.Close(context.Background()) // a restart or a failover: connect again
 		}
 	}
+}
+
+// errKind names an error for the report: its SQLSTATE, or a timeout, or
+// its first words.
+func errKind(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr):
+		return pgErr.Code
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	msg := err.Error()
+	if len(msg) > 40 {
+		msg = msg[:40]
+	}
+	return msg
 }
 
 // server is the server the schedule currently runs on.
