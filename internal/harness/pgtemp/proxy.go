@@ -25,6 +25,7 @@ type Proxy struct {
 	mu        sync.Mutex
 	pairs     map[*pair]struct{}
 	blackhole bool
+	parked    []net.Conn // clients that connected into the black hole
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -75,6 +76,18 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
+		// A connection opened into a black hole never reaches the
+		// server: it is held open, silent, until the hole heals. Dialled
+		// through, it would leave the server a backend waiting for a
+		// startup packet that never comes, for authentication_timeout
+		// (60 s), and a fast shutdown waits for it.
+		p.mu.Lock()
+		if p.blackhole && !p.closed {
+			p.parked = append(p.parked, c)
+			p.mu.Unlock()
+			continue
+		}
+		p.mu.Unlock()
 		s, err := net.Dial("tcp", p.target)
 		if err != nil {
 			c.Close()
@@ -188,9 +201,24 @@ func (p *Proxy) Cut() {
 		prs = append(prs, pr)
 	}
 	p.pairs = map[*pair]struct{}{}
+	parked := p.unpark()
 	p.mu.Unlock()
 	for _, pr := range prs {
 		pr.close()
+	}
+	closeAll(parked)
+}
+
+// unpark takes the clients parked in the black hole; p.mu is held.
+func (p *Proxy) unpark() []net.Conn {
+	parked := p.parked
+	p.parked = nil
+	return parked
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		c.Close()
 	}
 }
 
@@ -208,7 +236,8 @@ func (p *Proxy) Blackhole() {
 }
 
 // Heal ends a black-hole: the black-holed connections are closed (their
-// streams lost bytes and cannot resume) and new connections are forwarded.
+// streams lost bytes and cannot resume), and so are those opened into the
+// hole (a client then connects again), and new connections are forwarded.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	p.blackhole = false
@@ -219,10 +248,12 @@ func (p *Proxy) Heal() {
 			delete(p.pairs, pr)
 		}
 	}
+	parked := p.unpark()
 	p.mu.Unlock()
 	for _, pr := range holed {
 		pr.close()
 	}
+	closeAll(parked)
 }
 
 // Close stops the proxy, closes every connection and waits for its
@@ -232,8 +263,10 @@ func (p *Proxy) Close() {
 	p.closed = true
 	prs := p.pairs
 	p.pairs = map[*pair]struct{}{}
+	parked := p.unpark()
 	p.mu.Unlock()
 	p.ln.Close()
+	closeAll(parked)
 	for pr := range prs {
 		pr.close()
 	}
