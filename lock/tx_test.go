@@ -126,7 +126,10 @@ func TestLockTxNamespacesAndTimeouts(t *testing.T) {
 	if err := lock.Tx(ctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, lock.ErrNoDeadline) {
 		t.Fatalf("no deadline: %v", err)
 	}
-	lctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
+	// The server's wait ends 100 ms before the deadline (a quarter of it,
+	// for shorter ones): a 200 ms deadline left 50 ms for the timeout's
+	// answer, which a loaded machine overran.
+	lctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := lock.Tx(lctx, tx, leader.PairKey(confirm, 7)); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("held key: want ErrLockHeld, got %v", err)
