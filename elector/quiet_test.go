@@ -45,7 +45,23 @@ func waitRounds(t *testing.T, els []*running, n int) {
 // follower round ends in an error the server logs (at its default
 // log_min_error_statement).
 func TestQuietFleetLogsNothing(t *testing.T) {
-	srv := testpg.Start(t)
+	quietFleet(t, testpg.Start(t))
+}
+
+// On PostgreSQL 17 and later a role or server may set transaction_timeout,
+// which ends the session of any transaction that lasts longer, a single
+// statement's too: an heir's lock wait outlasts a short one. Each session
+// turns it off for itself, as it does statement_timeout.
+func TestQuietFleetUnderTransactionTimeout(t *testing.T) {
+	if num := sharedServer(t).VersionNum(); num < 170000 {
+		t.Skipf("PostgreSQL %d has no transaction_timeout", num/10000)
+	}
+	quietFleet(t, testpg.Start(t, testpg.Options{Settings: []string{"transaction_timeout=300ms"}}))
+}
+
+// quietFleet runs a fleet of three on srv through a handover and a stop,
+// and fails on any line it adds to the server's log.
+func quietFleet(t *testing.T, srv *testpg.Server) {
 	r := newRecorder(t)
 	key := testKey(t)
 	before := len(serverLog(srv))

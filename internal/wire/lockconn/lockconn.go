@@ -319,6 +319,12 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		// wait for it, holding its advisory locks, for as long.
 		{"synchronous_commit", "local"},
 	}
+	if sess.Major >= 17 {
+		// A role's or the server's transaction_timeout ends the session
+		// of any transaction that lasts longer, a single statement's too:
+		// an heir's lock wait would end its session every round.
+		sets = append(sets, [2]string{"transaction_timeout", "0"})
+	}
 	var sb strings.Builder
 	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8, " +
 		"host(inet_client_addr()), inet_client_port()")
