@@ -298,33 +298,7 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 	if sess.Major < MinMajor {
 		return sess, fmt.Errorf("%w: the server is PostgreSQL %d", ErrUnsupportedServer, sess.Major)
 	}
-	keepIdle := max(1, int(s.KeepIdle/time.Second))
-	keepCount := max(1, int((s.Lease-time.Duration(keepIdle)*time.Second)/time.Second))
-	sets := [][2]string{
-		{"application_name", cmp.Or(s.AppName, s.Identity)},
-		{"lock_timeout", ms(s.LockTimeout)},
-		{"statement_timeout", "0"},
-		{"idle_in_transaction_session_timeout", "0"},
-		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
-		{"tcp_keepalives_interval", "1"},
-		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
-		{"tcp_user_timeout", ms(s.Lease)},
-		{"idle_session_timeout", ms(s.Lease)},
-		{"pgleader.owner", sess.Token},
-		// Nothing the session writes waits for a synchronous standby but
-		// a fencing term, whose statement asks for it (durableSQL). Above
-		// all not the drop of the session's temporary functions when it
-		// ends, which commits under the session's setting: with the
-		// standby gone, a session that ended (a crashed leader's) would
-		// wait for it, holding its advisory locks, for as long.
-		{"synchronous_commit", "local"},
-	}
-	if sess.Major >= 17 {
-		// A role's or the server's transaction_timeout ends the session
-		// of any transaction that lasts longer, a single statement's too:
-		// an heir's lock wait would end its session every round.
-		sets = append(sets, [2]string{"transaction_timeout", "0"})
-	}
+	sets := sessionSettings(s, sess)
 	var sb strings.Builder
 	sb.WriteString("SELECT pg_backend_pid(), pg_is_in_recovery(), (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8, " +
 		"host(inet_client_addr()), inet_client_port()")
@@ -356,6 +330,39 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		return sess, fmt.Errorf("%w (session setup, backend pid %d)", ErrStandby, sess.PID)
 	}
 	return sess, nil
+}
+
+// sessionSettings are the settings Setup gives the session (set_config,
+// for the session).
+func sessionSettings(s Settings, sess Session) [][2]string {
+	keepIdle := max(1, int(s.KeepIdle/time.Second))
+	keepCount := max(1, int((s.Lease-time.Duration(keepIdle)*time.Second)/time.Second))
+	sets := [][2]string{
+		{"application_name", cmp.Or(s.AppName, s.Identity)},
+		{"lock_timeout", ms(s.LockTimeout)},
+		{"statement_timeout", "0"},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"tcp_keepalives_idle", strconv.Itoa(keepIdle)},
+		{"tcp_keepalives_interval", "1"},
+		{"tcp_keepalives_count", strconv.Itoa(keepCount)},
+		{"tcp_user_timeout", ms(s.Lease)},
+		{"idle_session_timeout", ms(s.Lease)},
+		{"pgleader.owner", sess.Token},
+		// Nothing the session writes waits for a synchronous standby but
+		// a fencing term, whose statement asks for it (durableSQL). Above
+		// all not the drop of the session's temporary functions when it
+		// ends, which commits under the session's setting: with the
+		// standby gone, a session that ended (a crashed leader's) would
+		// wait for it, holding its advisory locks, for as long.
+		{"synchronous_commit", "local"},
+	}
+	if sess.Major >= 17 {
+		// A role's or the server's transaction_timeout ends the session
+		// of any transaction that lasts longer, a single statement's too:
+		// an heir's lock wait would end its session every round.
+		sets = append(sets, [2]string{"transaction_timeout", "0"})
+	}
+	return sets
 }
 
 // direct reports whether the server's view of its client (its address and
