@@ -117,6 +117,12 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 		e.setLeader(r.Holder)
 		e.leaderPID = r.HolderPID
 	}
+	if r.Woken {
+		// A new leader's announcement (or a reservation) woke this heir: a
+		// rank told since it looked the leader up may have reached the
+		// leader before it listened. Tell it again.
+		e.rankTo = 0
+	}
 	e.tellRank(ls, uint32(e.leaderPID))
 	// Left alone: a round that saw the known leader's backend without a
 	// name (not seen in tests yet; the chaos run's "pid N" leader was a

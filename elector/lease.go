@@ -44,6 +44,7 @@ type handoverLease interface {
 	Requester(ctx context.Context, pid uint32, roles []string) (role string, allowed, found bool, err error)
 	Reply(ctx context.Context, pid uint32, msg string) error
 	Standing(ctx context.Context, t *lockconn.Target, identity string) (bool, error)
+	Precede(ctx context.Context, t *lockconn.Target, to string) (standing, first bool, err error)
 	Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error
 	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
 	SendRank(ctx context.Context, t *lockconn.Target, leaderPID uint32, r lockconn.Rank) error

@@ -363,6 +363,9 @@ func (noHandover) Reply(context.Context, uint32, string) error { return nil }
 func (noHandover) Standing(context.Context, *lockconn.Target, string) (bool, error) {
 	return false, nil
 }
+func (noHandover) Precede(context.Context, *lockconn.Target, string) (bool, bool, error) {
+	return false, false, nil
+}
 func (noHandover) Reserve(context.Context, *lockconn.Target, string, time.Duration) error {
 	return nil
 }

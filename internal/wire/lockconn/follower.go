@@ -145,7 +145,7 @@ func (f *follower) took(code int32, sent time.Time, pid uint32) (Round, error) {
 		// role could cancel the wait again and again), wait idle until
 		// then, rather than queue for the lock again and look only at that
 		// wait's end.
-		rd.Busy = true
+		rd.Busy, rd.Woken = true, true
 		at := f.lastLookup.Add(f.VerifyEvery)
 		if now := time.Now(); at.Before(now) {
 			at = now

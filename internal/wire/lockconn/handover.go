@@ -23,7 +23,10 @@ import (
 // takes the key's gate lock and the candidate's name lock (both in
 // Space's space) and announces the reservation on the key's reserve
 // channel, before it steps down, and releases both once the named
-// candidate holds the lock or a bound has passed. The followers believe
+// candidate holds the lock or a bound has passed. When the candidate
+// waits behind other heirs of the key, the leader ends their waits and
+// they queue again behind it (see reserveWake and Precede), so that the
+// server grants the released lock to the candidate. The followers believe
 // the announcement only from the pid a lookup proved the leader's: the
 // named one then queues on the lock, and any other quiet candidate that
 // wins the lock meanwhile gives it back in the same statement (its
@@ -125,9 +128,13 @@ func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (
 // releases both.
 func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.Duration) error {
 	var gate, name, queued bool
+	sql, args := statement("handover", "reserve"), []any{Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to, t.ClassID, t.ObjID, t.ObjSubID}
+	into := []any{&gate, &name, new(bool), &queued}
+	if l.wakes() {
+		sql, args, into = reserveWake, append(args, l.f.slots), append(into, new(*int32))
+	}
 	for i := 0; ; i++ {
-		err := l.conn.QueryRow(ctx, statement("handover", "reserve"), Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to,
-			t.ClassID, t.ObjID, t.ObjSubID).Scan(&gate, &name, new(bool), &queued)
+		err := l.conn.QueryRow(ctx, sql, args...).Scan(into...)
 		if err != nil {
 			return err
 		}
@@ -164,9 +171,59 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 			return err
 		}
 		if queued {
+			if l.wakes() {
+				// As reserveWake does: the other heirs queue again behind
+				// the candidate. A courtesy to the handover's speed only:
+				// a failure matters when it lost the connection.
+				_, err = l.conn.Exec(ctx, spareCall, t.ClassID, t.ObjID, t.ObjSubID, l.f.slots, to)
+				if err != nil && l.conn.IsClosed() {
+					return err
+				}
+			}
 			return nil
 		}
 	}
+}
+
+// reserveWake is the reserve statement that also, when the named
+// candidate waits for the key behind another of its heirs, ends those
+// heirs' waits (pgleader_wake, sparing the candidate): they queue again
+// behind it, and the lock this leader releases goes to the candidate at
+// once, rather than to an heir that wins it, finds the gate taken and
+// gives it back (a few milliseconds of the handover's). Precede usually
+// did that already, off the handover's path. The reserve statement's scan
+// runs once, in a subquery its volatile functions keep from being
+// flattened into this one.
+var reserveWake = "SELECT r.g, r.n, r.announced, r.queued, CASE WHEN r.queued THEN pg_temp.pgleader_wake($6::oid, $7::oid, $8::int2, $9::int4[], $5) END FROM (" +
+	statement("handover", "reserve") + " OFFSET 0) r"
+
+// spareCall ends the waits of t's heirs queued ahead of the candidate
+// named $5 (see pgleader_wake).
+const spareCall = "SELECT pg_temp.pgleader_wake($1::oid, $2::oid, $3::int2, $4::int4[], $5::text)"
+
+// Precede readies a handover to the candidate named to, off the
+// handover's path: it reads what the reservation will (a session's first
+// such read loads its catalog caches), and when the candidate waits for
+// t's lock behind another of t's heirs, it ends those heirs' waits, so
+// that they queue again behind it (see pgleader_wake). It reports whether
+// the candidate stands (see Standing), and whether it now waits first in
+// the queue; first is true too when this session cannot end waits (it
+// has no session functions): there is nothing more to do.
+func (l *Lease) Precede(ctx context.Context, t *Target, to string) (standing, first bool, err error) {
+	standing, err = l.Standing(ctx, t, to)
+	if err != nil || !standing {
+		return standing, false, err
+	}
+	if !l.wakes() {
+		return true, true, nil
+	}
+	var n int32
+	if err := l.conn.QueryRow(ctx, spareCall, t.ClassID, t.ObjID, t.ObjSubID, l.f.slots, to).Scan(&n); err != nil {
+		return true, false, err
+	}
+	// -2: the candidate does not wait for the lock (yet); -1: the
+	// function could not look.
+	return true, n >= 0, nil
 }
 
 // Unreserve waits, up to within, until a session named to holds t's lock,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -290,6 +291,173 @@ func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
 	}
 	if nameHeld("warm-heir-b", b.PID()) || warmed(b) != "on" {
 		t.Fatalf("after its warm-up, the heir holds its own name lock: %v; warm %q", nameHeld("warm-heir-b", b.PID()), warmed(b))
+	}
+	if added := srv.LogLines() - before; added != 0 {
+		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
+	}
+}
+
+// A reservation for a named heir ends the waits of the key's other heirs
+// (sparing the named one's), so that they queue again behind it and the
+// lock the leader releases goes to the named heir at once, not to an heir
+// that would win it, find the gate taken, and give it back. The woken heir
+// says so (Woken), and the server logs nothing.
+func TestReservationWakesTheOtherHeirs(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	const wait = 60 * time.Second
+	ldr, other, target := heirWaitSetup(t, srv, wait)
+	key := leader.KeyFromName(t.Name())
+	named, namedTarget := quietSessionOn(t, srv, "named-heir", key, lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second})
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	before := srv.LogLines()
+
+	otherDone := runHeirRound(ctx, other, target)
+	waitingOn(t, admin, key, other.PID())
+	won := make(chan roundResult, 1)
+	var rounds atomic.Int32 // the named heir's
+	go func() {
+		for {
+			res := <-runHeirRound(ctx, named, namedTarget)
+			rounds.Add(1)
+			if res.err != nil || res.r.Held {
+				won <- res
+				return
+			}
+		}
+	}()
+	waitingOn(t, admin, key, named.PID())
+	queuedAt := rounds.Load() // rounds ended before the one that waits
+	if err := ldr.Reserve(ctx, lockconn.NewTarget(key, "", "", ""), "named-heir", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-otherDone:
+		if res.err != nil || res.r.Held || !res.r.Woken {
+			t.Fatalf("the other heir's round at the reservation: %+v %v; want a woken, busy round", res.r, res.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reservation left the other heir waiting ahead of the named one")
+	}
+	// The named heir was spared: it still waits.
+	waitingOn(t, admin, key, named.PID())
+	if err := ldr.Unlock(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-won:
+		if res.err != nil || !res.r.Proven {
+			t.Fatalf("the named heir after the leader's unlock: %+v %v", res.r, res.err)
+		}
+		if n := rounds.Load() - queuedAt; n != 1 {
+			t.Fatalf("the named heir ran %d rounds after it queued, want its one wait, granted: the reservation ended its wait too", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the named heir did not win the lock the leader released")
+	}
+	holder, err := ldr.Unreserve(ctx, lockconn.NewTarget(key, "", "", ""), "named-heir", 10*time.Second)
+	if err != nil || holder != "named-heir" {
+		t.Fatalf("Unreserve: %q %v", holder, err)
+	}
+	if added := srv.LogLines() - before; added != 0 {
+		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
+	}
+}
+
+// Precede, when the leader proves a preferred candidate (PreferredDelay
+// ahead of the handover), puts the candidate ahead of the key's other
+// heirs in the wait queue: the other heir's wait ends, and it queues
+// again behind. The reservation then finds the candidate at the head and
+// ends nobody's wait: the other heir's next wait lasts past the handover.
+func TestPrecedeQueuesTheCandidateFirst(t *testing.T) {
+	srv := testpg.Start(t)
+	ctx := context.Background()
+	const wait = 60 * time.Second
+	ldr, other, target := heirWaitSetup(t, srv, wait)
+	key := leader.KeyFromName(t.Name())
+	named, namedTarget := quietSessionOn(t, srv, "named-heir", key, lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second})
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	before := srv.LogLines()
+
+	first := runHeirRound(ctx, other, target)
+	waitingOn(t, admin, key, other.PID())
+	won := make(chan roundResult, 1)
+	go func() {
+		for {
+			res := <-runHeirRound(ctx, named, namedTarget)
+			if res.err != nil || res.r.Held {
+				won <- res
+				return
+			}
+		}
+	}()
+	waitingOn(t, admin, key, named.PID())
+	lt := lockconn.NewTarget(key, "", "", "")
+	if ok, first, err := ldr.Precede(ctx, lt, "named-heir"); err != nil || !ok || !first {
+		t.Fatalf("Precede: standing %v, first %v, %v", ok, first, err)
+	}
+	select {
+	case res := <-first:
+		if res.err != nil || res.r.Held || !res.r.Woken {
+			t.Fatalf("the other heir's round at Precede: %+v %v; want a woken, busy round", res.r, res.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Precede left the other heir waiting ahead of the candidate")
+	}
+	// The other heir looks the leader up, then waits again, behind.
+	var woken atomic.Int32
+	go func() {
+		for {
+			res := <-runHeirRound(ctx, other, target)
+			if res.err != nil || res.r.Held {
+				return
+			}
+			if res.r.Woken {
+				woken.Add(1)
+			}
+		}
+	}()
+	lookups := 0
+	for {
+		h, err := leader.Holder(ctx, admin, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Waiters) == 2 {
+			break
+		}
+		if lookups++; lookups > 2000 {
+			t.Fatalf("the other heir never queued again: %+v", h)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := ldr.Reserve(ctx, lt, "named-heir", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := ldr.Unlock(ctx, lt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-won:
+		if res.err != nil || !res.r.Proven {
+			t.Fatalf("the named heir after the leader's unlock: %+v %v", res.r, res.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the named heir did not win the lock the leader released")
+	}
+	if holder, err := ldr.Unreserve(ctx, lt, "named-heir", 10*time.Second); err != nil || holder != "named-heir" {
+		t.Fatalf("Unreserve: %q %v", holder, err)
+	}
+	if n := woken.Load(); n != 0 {
+		t.Fatalf("the reservation ended the other heir's wait %d times, with the candidate already ahead of it", n)
 	}
 	if added := srv.LogLines() - before; added != 0 {
 		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))

@@ -130,6 +130,10 @@ type Round struct {
 	// Proven: the round itself showed that the session's own backend (its
 	// pid and token) holds the lock, so no separate check is needed.
 	Proven bool
+	// Woken: another session of this role ended the round's lock wait (a
+	// new leader's announcement, or a leader's reservation for another
+	// candidate; see pgleader_wake).
+	Woken bool
 	// Sent is when the round's statement was sent (a watcher's round
 	// first waits idle for its poll): a trust window that a Proven round
 	// opens runs from then.
@@ -358,7 +362,7 @@ func (l *Lease) Announce(ctx context.Context, t *Target) error {
 }
 
 // wakeCall ends the lock waits of t's heirs (see pgleader_wake).
-const wakeCall = "SELECT pg_temp.pgleader_wake($1::oid, $2::oid, $3::int2, $4::int4[])"
+const wakeCall = "SELECT pg_temp.pgleader_wake($1::oid, $2::oid, $3::int2, $4::int4[], NULL::text)"
 
 // wakes reports whether this session wakes its heirs: it has the quiet
 // functions and heir slots.

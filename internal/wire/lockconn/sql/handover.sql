@@ -34,10 +34,10 @@ SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid
 -- The last column says whether a session named $5 already waits for the
 -- key ($6, $7, $8), as the queued statement does: an heir usually does,
 -- and the reservation then needs no second round trip.
-SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END,
+SELECT g, n, CASE WHEN g AND n THEN (SELECT true FROM pg_notify($4, $5)) ELSE false END AS announced,
   g AND n AND EXISTS (SELECT FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.classid = $6::oid AND l.objid = $7::oid AND l.objsubid = $8::int2 AND NOT l.granted
-      AND (a.application_name = $5 OR (starts_with(a.application_name, $5 || ' [') AND substr(a.application_name, length($5) + 1) ~ '^ \[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\]$')))
+      AND (a.application_name = $5 OR (starts_with(a.application_name, $5 || ' [') AND substr(a.application_name, length($5) + 1) ~ '^ \[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\]$'))) AS queued
 FROM (SELECT pg_try_advisory_lock($1, $2) g, pg_try_advisory_lock($1, $3) n, set_config('lock_timeout', '0', true) x) s
 
 -- name: queued

@@ -233,25 +233,47 @@ BEGIN
   RETURN 0;
 END $f$;
 
-CREATE OR REPLACE FUNCTION pg_temp.pgleader_wake(c oid, o oid, s int2, slots int4[]) RETURNS int
+CREATE OR REPLACE FUNCTION pg_temp.pgleader_wake(c oid, o oid, s int2, slots int4[], spare text) RETURNS int
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- A new leader, in its announcement's transaction (or after a Proclaim):
 -- end the lock waits of the key's heirs (sessions queued on the key that
 -- hold one of its heir slots), so that they look the new leader up now,
 -- not at their wait's end (pgleader_wait catches the cancel and answers
 -- 7). Only sessions of this database that this role may signal; nothing
--- else is touched. pg_locks is read once. Returns how many were
--- signalled; it never fails the transaction it runs in (-1 when it could
--- not look: the heirs then learn the leader at their wait's end).
+-- else is touched. Returns how many were signalled; it never fails the
+-- transaction it runs in (-1 when it could not look: the heirs then learn
+-- the leader at their wait's end; -2 when spare does not wait for the
+-- key).
+-- A leader about to hand over to the candidate named spare (NULL: none)
+-- ends the other heirs' waits only when that candidate waits for the key
+-- behind another session than this one, and spares the candidate's: the
+-- others queue again behind it, so that the server grants the lock the
+-- leader releases to the candidate, not to an heir that would win it,
+-- find the key reserved, and give it back. The server keeps the order,
+-- so once is enough.
 DECLARE
   n int := 0;
   p int4;
+  db oid := (SELECT datid FROM pg_stat_get_activity(pg_backend_pid()));
+  named int4[];
 BEGIN
+  IF spare IS NOT NULL THEN
+    SELECT array_agg(l.pid) INTO named FROM pg_locks l JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
+      WHERE l.locktype = 'advisory' AND l.database = db AND l.classid = c AND l.objid = o AND l.objsubid = s AND NOT l.granted
+        AND (a.application_name = spare OR (starts_with(a.application_name, spare || ' [')
+          AND substr(a.application_name, length(spare) + 1) ~ '^ \[[PNO]-?[0-9]+( v?[0-9][0-9A-Za-z.+-]*)?\]$'));
+    IF named IS NULL THEN
+      RETURN -2;
+    END IF;
+    IF NOT EXISTS (SELECT FROM unnest(named) w, unnest(pg_blocking_pids(w)) b WHERE b <> pg_backend_pid()) THEN
+      RETURN 0;
+    END IF;
+  END IF;
   FOR p IN WITH l AS MATERIALIZED (
-        SELECT * FROM pg_locks
-        WHERE locktype = 'advisory' AND database = (SELECT datid FROM pg_stat_get_activity(pg_backend_pid())))
+        SELECT * FROM pg_locks WHERE locktype = 'advisory' AND database = db)
       SELECT w.pid FROM l w
       WHERE w.classid = c AND w.objid = o AND w.objsubid = s AND NOT w.granted AND w.pid <> pg_backend_pid()
+        AND w.pid <> ALL (coalesce(named, '{}'))
         AND EXISTS (SELECT FROM l h WHERE h.pid = w.pid AND h.granted
           AND h.classid = 1885817928 AND h.objsubid = 2 AND h.objid = ANY (slots::oid[]))
   LOOP
