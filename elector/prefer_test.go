@@ -432,3 +432,58 @@ func startRankedLeader(t *testing.T) rankedLeader {
 	})
 	return rl
 }
+
+// A ranked heir tells a new leader its rank when it first sees it and once
+// more a second later, and, when it does not outrank the leader, nothing
+// after that. Both may reach a new leader before it listens (it begins to
+// with its first renew, and an heir can look it up in pg_locks before
+// that), and the heir then waits for up to LeaseDuration. So a wake that
+// ends its wait (a new leader's announcement, a reservation; here a
+// cancel request from a session of the same role, as those are) makes it
+// tell its rank again.
+func TestWokenHeirTellsItsRankAgain(t *testing.T) {
+	srv := sharedServer(t)
+	ctx := context.Background()
+	rec := newRecorder(t)
+	key := testKey(t)
+	listener := mustConn(t, srv)
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{lockconn.NewTarget(key, "", "", "").ResignChannel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	startRanked(t, rec, srv.DSN(), key, "retell-5", leader.ByPriority, 5, "")
+	rec.next("elected", "retell-5")
+	startRanked(t, rec, srv.DSN(), key, "retell-1", leader.ByPriority, 1, "")
+	var pid uint32
+	eventually(t, "retell-1's backend", func() (bool, string) {
+		pid = backendOf(t, srv.DSN(), "retell-1")
+		return pid != 0, ""
+	})
+	tellings := 0
+	told := func(within time.Duration) bool {
+		wctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		for {
+			n, err := listener.WaitForNotification(wctx)
+			if err != nil {
+				return false
+			}
+			if n.PID == pid && strings.Contains(n.Payload, "\trank\t") {
+				tellings++
+				return true
+			}
+		}
+	}
+	for tellings < 2 {
+		if !told(10 * time.Second) {
+			t.Fatalf("retell-1 told its rank %d times, want 2 (at first sight, and a second later)", tellings)
+		}
+	}
+	waitWaiter(t, srv, key, "retell-1")
+	if _, err := listener.Exec(ctx, "SELECT pg_cancel_backend($1)", int32(pid)); err != nil {
+		t.Fatal(err)
+	}
+	if !told(10 * time.Second) {
+		t.Fatal("retell-1 did not tell its rank again when a wake ended its wait")
+	}
+}
