@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/harness/testpg"
@@ -433,16 +431,7 @@ func TestSynchronousStandbyGone(t *testing.T) {
 func TestTermCancelledInItsStandbyWait(t *testing.T) {
 	srv := testpg.Start(t, testpg.Options{Settings: []string{"synchronous_standby_names=nobody"}})
 	r := newRecorder(t)
-	cancelling := elector.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
-		cfg, err := pgx.ParseConfig(srv.DSN() + "&synchronous_commit=on")
-		if err != nil {
-			return nil, err
-		}
-		cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
-		}
-		return pgx.ConnectConfig(ctx, cfg)
-	})
+	cancelling := elector.ConnectFunc(testpg.ConnectSendingCancels(srv.DSN() + "&synchronous_commit=on"))
 	startWith(t, r, opts{dsn: srv.DSN(), key: testKey(t), id: "sg-cancel"}, func(c *elector.Config) {
 		c.Connect = cancelling
 		c.Fencing = fencingOn

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/inspect"
@@ -975,16 +973,7 @@ func TestGroupSynchronousStandbyGone(t *testing.T) {
 // server logs a second WARNING; a leader would not have.
 func TestGroupTermCancelledInItsStandbyWait(t *testing.T) {
 	srv := testpg.Start(t, testpg.Options{Settings: []string{"synchronous_standby_names=nobody"}})
-	cancelling := leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
-		cfg, err := pgx.ParseConfig(srv.DSN() + "&synchronous_commit=on")
-		if err != nil {
-			return nil, err
-		}
-		cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
-		}
-		return pgx.ConnectConfig(ctx, cfg)
-	})
+	cancelling := leader.ConnectFunc(testpg.ConnectSendingCancels(srv.DSN() + "&synchronous_commit=on"))
 	w := newGroupWatch(t)
 	runMember(t, group.Config{
 		Connect: cancelling, Group: t.Name(), Keys: groupKeys(t.Name(), 2), Identity: "gc",

@@ -297,75 +297,108 @@ func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
 	}
 }
 
+// twoHeirs is a leader with two heirs of one key on a server of its own:
+// other, queued first, and the heir named "named-heir", queued behind it
+// (its rounds run until it wins: won, and how many rounds ended in
+// rounds). queuedAt is how many of its rounds had ended when it queued.
+type twoHeirs struct {
+	srv                *testpg.Server
+	admin              *pgx.Conn
+	key                leader.Key
+	ldr, other, named  *lockconn.Lease
+	target, lt         *lockconn.Target
+	otherDone, won     chan roundResult
+	rounds             atomic.Int32
+	queuedAt, logLines int32
+}
+
+func startTwoHeirs(t *testing.T) *twoHeirs {
+	t.Helper()
+	h := &twoHeirs{srv: testpg.Start(t)}
+	ctx := context.Background()
+	const wait = 60 * time.Second
+	h.ldr, h.other, h.target = heirWaitSetup(t, h.srv, wait)
+	h.key = leader.KeyFromName(t.Name())
+	h.lt = lockconn.NewTarget(h.key, "", "", "")
+	var namedTarget *lockconn.Target
+	h.named, namedTarget = quietSessionOn(t, h.srv, "named-heir", h.key, lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second})
+	admin, err := h.srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	h.admin, h.logLines = admin, int32(h.srv.LogLines())
+	h.otherDone = runHeirRound(ctx, h.other, h.target)
+	waitingOn(t, admin, h.key, h.other.PID())
+	h.won = make(chan roundResult, 1)
+	go func() {
+		for {
+			res := <-runHeirRound(ctx, h.named, namedTarget)
+			h.rounds.Add(1)
+			if res.err != nil || res.r.Held {
+				h.won <- res
+				return
+			}
+		}
+	}()
+	waitingOn(t, admin, h.key, h.named.PID())
+	h.queuedAt = h.rounds.Load() // rounds ended before the one that waits
+	return h
+}
+
+// handOver unlocks the leader's lock, which the named heir must win with
+// the one wait it was in when it queued, and releases the reservation.
+func (h *twoHeirs) handOver(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if err := h.ldr.Unlock(ctx, h.lt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-h.won:
+		if res.err != nil || !res.r.Proven {
+			t.Fatalf("the named heir after the leader's unlock: %+v %v", res.r, res.err)
+		}
+		if n := h.rounds.Load() - h.queuedAt; n != 1 {
+			t.Fatalf("the named heir ran %d rounds after it queued, want its one wait, granted: its wait was ended too", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the named heir did not win the lock the leader released")
+	}
+	if holder, err := h.ldr.Unreserve(ctx, h.lt, "named-heir", 10*time.Second); err != nil || holder != "named-heir" {
+		t.Fatalf("Unreserve: %q %v", holder, err)
+	}
+	if added := h.srv.LogLines() - int(h.logLines); added != 0 {
+		t.Fatalf("the server logged %d lines:\n%s", added, h.srv.LogTail(added))
+	}
+}
+
+// otherWoken waits for the other heir's first round, which what must end
+// woken.
+func (h *twoHeirs) otherWoken(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case res := <-h.otherDone:
+		if res.err != nil || res.r.Held || !res.r.Woken {
+			t.Fatalf("the other heir's round at %s: %+v %v; want a woken, busy round", what, res.r, res.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s left the other heir waiting ahead of the named one", what)
+	}
+}
+
 // A reservation for a named heir ends the waits of the key's other heirs
 // (sparing the named one's), so that they queue again behind it and the
 // lock the leader releases goes to the named heir at once, not to an heir
 // that would win it, find the gate taken, and give it back. The woken heir
 // says so (Woken), and the server logs nothing.
 func TestReservationWakesTheOtherHeirs(t *testing.T) {
-	srv := testpg.Start(t)
-	ctx := context.Background()
-	const wait = 60 * time.Second
-	ldr, other, target := heirWaitSetup(t, srv, wait)
-	key := leader.KeyFromName(t.Name())
-	named, namedTarget := quietSessionOn(t, srv, "named-heir", key, lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second})
-	admin, err := srv.Connect(ctx)
-	if err != nil {
+	h := startTwoHeirs(t)
+	if err := h.ldr.Reserve(context.Background(), h.lt, "named-heir", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(ctx)
-	before := srv.LogLines()
-
-	otherDone := runHeirRound(ctx, other, target)
-	waitingOn(t, admin, key, other.PID())
-	won := make(chan roundResult, 1)
-	var rounds atomic.Int32 // the named heir's
-	go func() {
-		for {
-			res := <-runHeirRound(ctx, named, namedTarget)
-			rounds.Add(1)
-			if res.err != nil || res.r.Held {
-				won <- res
-				return
-			}
-		}
-	}()
-	waitingOn(t, admin, key, named.PID())
-	queuedAt := rounds.Load() // rounds ended before the one that waits
-	if err := ldr.Reserve(ctx, lockconn.NewTarget(key, "", "", ""), "named-heir", 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case res := <-otherDone:
-		if res.err != nil || res.r.Held || !res.r.Woken {
-			t.Fatalf("the other heir's round at the reservation: %+v %v; want a woken, busy round", res.r, res.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reservation left the other heir waiting ahead of the named one")
-	}
-	// The named heir was spared: it still waits.
-	waitingOn(t, admin, key, named.PID())
-	if err := ldr.Unlock(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case res := <-won:
-		if res.err != nil || !res.r.Proven {
-			t.Fatalf("the named heir after the leader's unlock: %+v %v", res.r, res.err)
-		}
-		if n := rounds.Load() - queuedAt; n != 1 {
-			t.Fatalf("the named heir ran %d rounds after it queued, want its one wait, granted: the reservation ended its wait too", n)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the named heir did not win the lock the leader released")
-	}
-	holder, err := ldr.Unreserve(ctx, lockconn.NewTarget(key, "", "", ""), "named-heir", 10*time.Second)
-	if err != nil || holder != "named-heir" {
-		t.Fatalf("Unreserve: %q %v", holder, err)
-	}
-	if added := srv.LogLines() - before; added != 0 {
-		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
-	}
+	h.otherWoken(t, "the reservation")
+	h.handOver(t)
 }
 
 // Precede, when the leader proves a preferred candidate (PreferredDelay
@@ -374,49 +407,17 @@ func TestReservationWakesTheOtherHeirs(t *testing.T) {
 // again behind. The reservation then finds the candidate at the head and
 // ends nobody's wait: the other heir's next wait lasts past the handover.
 func TestPrecedeQueuesTheCandidateFirst(t *testing.T) {
-	srv := testpg.Start(t)
+	h := startTwoHeirs(t)
 	ctx := context.Background()
-	const wait = 60 * time.Second
-	ldr, other, target := heirWaitSetup(t, srv, wait)
-	key := leader.KeyFromName(t.Name())
-	named, namedTarget := quietSessionOn(t, srv, "named-heir", key, lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second})
-	admin, err := srv.Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	before := srv.LogLines()
-
-	first := runHeirRound(ctx, other, target)
-	waitingOn(t, admin, key, other.PID())
-	won := make(chan roundResult, 1)
-	go func() {
-		for {
-			res := <-runHeirRound(ctx, named, namedTarget)
-			if res.err != nil || res.r.Held {
-				won <- res
-				return
-			}
-		}
-	}()
-	waitingOn(t, admin, key, named.PID())
-	lt := lockconn.NewTarget(key, "", "", "")
-	if ok, first, err := ldr.Precede(ctx, lt, "named-heir"); err != nil || !ok || !first {
+	if ok, first, err := h.ldr.Precede(ctx, h.lt, "named-heir"); err != nil || !ok || !first {
 		t.Fatalf("Precede: standing %v, first %v, %v", ok, first, err)
 	}
-	select {
-	case res := <-first:
-		if res.err != nil || res.r.Held || !res.r.Woken {
-			t.Fatalf("the other heir's round at Precede: %+v %v; want a woken, busy round", res.r, res.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Precede left the other heir waiting ahead of the candidate")
-	}
+	h.otherWoken(t, "Precede")
 	// The other heir looks the leader up, then waits again, behind.
 	var woken atomic.Int32
 	go func() {
 		for {
-			res := <-runHeirRound(ctx, other, target)
+			res := <-runHeirRound(ctx, h.other, h.target)
 			if res.err != nil || res.r.Held {
 				return
 			}
@@ -425,41 +426,24 @@ func TestPrecedeQueuesTheCandidateFirst(t *testing.T) {
 			}
 		}
 	}()
-	lookups := 0
-	for {
-		h, err := leader.Holder(ctx, admin, key)
+	for i := 0; ; i++ {
+		hd, err := leader.Holder(ctx, h.admin, h.key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(h.Waiters) == 2 {
+		if len(hd.Waiters) == 2 {
 			break
 		}
-		if lookups++; lookups > 2000 {
-			t.Fatalf("the other heir never queued again: %+v", h)
+		if i > 2000 {
+			t.Fatalf("the other heir never queued again: %+v", hd)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := ldr.Reserve(ctx, lt, "named-heir", 10*time.Second); err != nil {
+	if err := h.ldr.Reserve(ctx, h.lt, "named-heir", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := ldr.Unlock(ctx, lt); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case res := <-won:
-		if res.err != nil || !res.r.Proven {
-			t.Fatalf("the named heir after the leader's unlock: %+v %v", res.r, res.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the named heir did not win the lock the leader released")
-	}
-	if holder, err := ldr.Unreserve(ctx, lt, "named-heir", 10*time.Second); err != nil || holder != "named-heir" {
-		t.Fatalf("Unreserve: %q %v", holder, err)
-	}
+	h.handOver(t)
 	if n := woken.Load(); n != 0 {
 		t.Fatalf("the reservation ended the other heir's wait %d times, with the candidate already ahead of it", n)
-	}
-	if added := srv.LogLines() - before; added != 0 {
-		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
 	}
 }
