@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -310,6 +311,26 @@ type twoHeirs struct {
 	otherDone, won     chan roundResult
 	rounds             atomic.Int32
 	queuedAt, logLines int32
+	// ctx ends, and wg is waited for, before the sessions close: a round
+	// still running would race their Close.
+	ctx context.Context
+	wg  sync.WaitGroup
+}
+
+// goRounds runs ls's rounds on target in a goroutine of h's until each
+// returns false.
+func (h *twoHeirs) goRounds(ls *lockconn.Lease, target *lockconn.Target, each func(roundResult) bool) {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		for h.ctx.Err() == nil {
+			began := time.Now()
+			r, err := ls.Campaign(h.ctx, target, false)
+			if !each(roundResult{r, err, time.Since(began)}) {
+				return
+			}
+		}
+	}()
 }
 
 func startTwoHeirs(t *testing.T) *twoHeirs {
@@ -318,6 +339,9 @@ func startTwoHeirs(t *testing.T) *twoHeirs {
 	ctx := context.Background()
 	const wait = 60 * time.Second
 	h.ldr, h.other, h.target = heirWaitSetup(t, h.srv, wait)
+	rctx, cancel := context.WithCancel(ctx)
+	h.ctx = rctx
+	t.Cleanup(func() { cancel(); h.wg.Wait() }) // before the sessions' Close
 	h.key = leader.KeyFromName(t.Name())
 	h.lt = lockconn.NewTarget(h.key, "", "", "")
 	var namedTarget *lockconn.Target
@@ -328,19 +352,20 @@ func startTwoHeirs(t *testing.T) *twoHeirs {
 	}
 	t.Cleanup(func() { admin.Close(context.Background()) })
 	h.admin, h.logLines = admin, int32(h.srv.LogLines())
-	h.otherDone = runHeirRound(ctx, h.other, h.target)
+	h.otherDone, h.won = make(chan roundResult, 1), make(chan roundResult, 1)
+	h.goRounds(h.other, h.target, func(res roundResult) bool {
+		h.otherDone <- res
+		return false
+	})
 	waitingOn(t, admin, h.key, h.other.PID())
-	h.won = make(chan roundResult, 1)
-	go func() {
-		for {
-			res := <-runHeirRound(ctx, h.named, namedTarget)
-			h.rounds.Add(1)
-			if res.err != nil || res.r.Held {
-				h.won <- res
-				return
-			}
+	h.goRounds(h.named, namedTarget, func(res roundResult) bool {
+		h.rounds.Add(1)
+		if res.err != nil || res.r.Held {
+			h.won <- res
+			return false
 		}
-	}()
+		return true
+	})
 	waitingOn(t, admin, h.key, h.named.PID())
 	h.queuedAt = h.rounds.Load() // rounds ended before the one that waits
 	return h
@@ -415,17 +440,12 @@ func TestPrecedeQueuesTheCandidateFirst(t *testing.T) {
 	h.otherWoken(t, "Precede")
 	// The other heir looks the leader up, then waits again, behind.
 	var woken atomic.Int32
-	go func() {
-		for {
-			res := <-runHeirRound(ctx, h.other, h.target)
-			if res.err != nil || res.r.Held {
-				return
-			}
-			if res.r.Woken {
-				woken.Add(1)
-			}
+	h.goRounds(h.other, h.target, func(res roundResult) bool {
+		if res.r.Woken {
+			woken.Add(1)
 		}
-	}()
+		return res.err == nil && !res.r.Held
+	})
 	for i := 0; ; i++ {
 		hd, err := leader.Holder(ctx, h.admin, h.key)
 		if err != nil {
