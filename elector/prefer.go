@@ -192,14 +192,15 @@ func (e *Elector) prove(t *tenure, ls lease, c *candidate) bool {
 }
 
 // precede readies the handover to the proven candidate c, off its path,
-// when it is proven and at the rounds just before its due time, until c
-// waits first in the key's queue: the reservation reads pg_locks and pg_stat_activity by name, and
-// a session's first such read loads its catalog caches (about 3 ms of the
-// server's time on a small VM, against 0.5 ms after); and the other heirs
-// queued ahead of c are sent behind it (see lockconn.Lease.Precede), so
-// that the lock goes to c as soon as this leader lets go. A candidate
-// tells its rank before its first wait, so the first look usually finds
-// it not queued yet. Whether it stands, the reservation asks again.
+// when it is proven and at the renews just before its due time, until c
+// waits first in the key's queue. The reservation reads pg_locks and
+// pg_stat_activity by name, and a session's first such read loads its
+// catalog caches (about 3 ms of the server's time on a small VM, against
+// 0.5 ms after); and the other heirs queued ahead of c are sent behind it
+// (see lockconn.Lease.Precede), so that the lock goes to c as soon as
+// this leader lets go. A candidate tells its rank before its first wait,
+// so the first look usually finds it not queued yet. Whether it stands,
+// the reservation asks again.
 func (e *Elector) precede(t *tenure, ls lease, c *candidate) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
