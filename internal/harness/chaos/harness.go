@@ -873,7 +873,7 @@ func (h *harness) checkSafety(tenures []tenure) {
 			} else {
 				h.violate("safety: %s (term %d%s) elected %s before %s stepped down (last fault: %s)", t.id, t.term, keyNote(t.key), overlap, maxID, h.faultBefore(t.start))
 				if len(r.history) == 0 {
-					h.history(t.start)
+					h.history(t.start, t.key)
 				}
 			}
 		}
@@ -974,16 +974,22 @@ func (h *harness) faultBefore(mono int64) string {
 
 // history keeps the merged event log around a moment, for the failure
 // message.
-func (h *harness) history(at int64) {
+func (h *harness) history(at int64, key string) {
 	var all []testpg.Event
 	for _, p := range h.procs {
-		all = append(all, p.child.Log()...)
+		for _, e := range p.child.Log() {
+			// In a group, the violating key's events and the members'
+			// own (those that name no key); the others' hide them.
+			if key == "" || e.Data == key || !strings.HasPrefix(e.Data, h.key+"/") {
+				all = append(all, e)
+			}
+		}
 	}
 	all = append(all, h.faultLog...)
 	sort.Slice(all, func(i, j int) bool { return all[i].Mono < all[j].Mono })
 	for _, e := range all {
-		if d := time.Duration(e.Mono - at); d > -3*time.Second && d < 3*time.Second {
-			h.report.history = append(h.report.history, fmt.Sprintf("%+8.1fms %-10s %-10s term=%d %s", float64(d)/1e6, e.Identity, e.Ev, e.Term, e.Err))
+		if d := time.Duration(e.Mono - at); d > -5*time.Second && d < 5*time.Second {
+			h.report.history = append(h.report.history, fmt.Sprintf("%+8.1fms %-10s %-10s term=%d %s %s", float64(d)/1e6, e.Identity, e.Ev, e.Term, e.Err, e.Data))
 		}
 	}
 }
