@@ -265,6 +265,53 @@ func TestGroupLockTableFilledByAnotherRole(t *testing.T) {
 	balanced(t, w, len(first)+len(more), 30, 30, "m-a")
 }
 
+// Another role fills the server's lock table but for one slot, which a
+// fenced member's next key takes: the installation of that key's term then
+// finds no slot for its transaction's id (SQLSTATE 53200). The member
+// keeps its session and every key it leads (a session ended there would
+// let go of them all, and of a key whose OnElected still drains after a
+// hand-over while it runs), says so, and installs the term once the table
+// has room.
+func TestGroupTermsMeetAFullLockTable(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20", "autovacuum=off"}})
+	r := testpg.NewRoles(t, srv)
+	w := newGroupWatch(t)
+	first := groupKeys(t.Name(), 4)
+	m := runMember(t, group.Config{
+		Connect: leader.DSN(srv.DSN()), Group: t.Name(), Keys: first[:3], Identity: "m-a",
+		Fencing: group.Fencing{Enabled: true}, Callbacks: w.callbacks("m-a"),
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Logger: testLogger(t, nil),
+	})
+	balanced(t, w, 3, 3, 3, "m-a")
+	evil := r.EvilConn(t)
+	held := testpg.FillLockTable(t, evil)
+	// One slot back, for the fourth key's lock.
+	if _, err := evil.Exec(context.Background(), "SELECT pg_advisory_unlock($1::int8)", int64(1<<40)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("another role holds %d advisory locks", held-1)
+	if err := m.g.SetKeys(first); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the member reports a full lock table at the terms", func() (bool, string) {
+		st := m.g.Status()
+		return st.LockTableFull > 0 && strings.Contains(st.LastError, "install terms"), st.LastError
+	})
+	waitFullRounds(t, 10, m)
+	w.mu.Lock()
+	for k, n := range w.demoted {
+		if n > 0 {
+			t.Errorf("key %s demoted while the table was full", k)
+		}
+	}
+	w.mu.Unlock()
+	if _, err := evil.Exec(context.Background(), "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+	balanced(t, w, 4, 4, 4, "m-a")
+}
+
 // A member whose role may not create temporary objects (TEMP revoked, as
 // a locked-down database may have it) cannot run the crash watch's session
 // function: the watch turns itself off for the process with one warning,

@@ -250,7 +250,8 @@ func (g *Group) won(ctx context.Context, w wire, won []tag) error {
 }
 
 // bump installs the next term of each key won; nil, nil when a term row is
-// busy (the locks are kept, and adopted next round).
+// busy or the server's lock table is full (the locks are kept, and adopted
+// next round).
 func (g *Group) bump(ctx context.Context, w wire, won []tag) (map[tag]int64, error) {
 	names := make([]string, len(won))
 	g.mu.Lock()
@@ -261,20 +262,34 @@ func (g *Group) bump(ctx context.Context, w wire, won []tag) (map[tag]int64, err
 	}
 	g.mu.Unlock()
 	termOf, err := w.Bump(ctx, won, names)
-	if lockconn.IsLockTimeout(err) {
+	switch {
+	case lockconn.IsLockTimeout(err):
 		g.log.Warn("could not install the next fencing terms yet; trying again next round", zap.Error(err))
-		g.mu.Lock()
-		g.st.leftover(won...) // adopted next round
-		g.mu.Unlock()
-		return nil, nil
+	case lockconn.IsLockTableFull(err):
+		// Another role filled the server's lock table, which the terms'
+		// transaction needs a slot of (its transaction id): the
+		// transaction was rolled back and the session is fine. Ending it
+		// would let go of every key this member leads, and of a key
+		// whose OnElected still drains after a hand-over, while its
+		// OnElected still runs. The keys won wait, held, as after a busy
+		// term row.
+		if ferr := g.tableFull(fmt.Errorf("%w: install terms: %w", lockconn.ErrLockTableFull, err)); ferr != nil {
+			return nil, ferr
+		}
+	default:
+		if err != nil {
+			return nil, terms.Classify(err, g.cfg.Fencing.Table)
+		}
+		return termOf, nil
 	}
-	if err != nil {
-		return nil, terms.Classify(err, g.cfg.Fencing.Table)
-	}
-	return termOf, nil
+	g.mu.Lock()
+	g.st.leftover(won...) // adopted next round
+	g.mu.Unlock()
+	return nil, nil
 }
 
-// tableFull handles a full lock table met by an exchange. A group that
+// tableFull handles a full lock table met by an exchange (or by the
+// installation of the terms of the keys it won). A group that
 // fits the table (it passed the start's check) met a table another
 // session filled: no key is taken this round (those won before the error
 // are adopted at the next full round), the session goes on, and the

@@ -28,10 +28,11 @@ type scriptWire struct {
 	// with the lock table full (what the server does when it runs out in
 	// the middle of a statement: the locks taken before stay).
 	tableFull int
-	// busyBumps: the next term bumps meet a locked term row.
-	busyBumps int
-	term      int64
-	calls     map[string]int
+	// busyBumps: the next term bumps meet a locked term row; fullBumps,
+	// a full lock table (their transaction needs a slot for its id).
+	busyBumps, fullBumps int
+	term                 int64
+	calls                map[string]int
 	// roundDelay: a full round's reply comes this late; onExchange runs
 	// while an exchange is in flight.
 	roundDelay time.Duration
@@ -124,6 +125,10 @@ func (w *scriptWire) Bump(ctx context.Context, won []tag, names []string) (map[t
 	if w.busyBumps > 0 {
 		w.busyBumps--
 		return nil, &pgconn.PgError{Code: lockconn.LockNotAvailable, Message: "canceling statement due to lock timeout"}
+	}
+	if w.fullBumps > 0 {
+		w.fullBumps--
+		return nil, &pgconn.PgError{Code: "53200", Message: "out of shared memory", Hint: "You might need to increase \"max_locks_per_transaction\"."}
 	}
 	out := map[tag]int64{}
 	for _, k := range won {
@@ -322,6 +327,40 @@ func TestScriptedBusyTermThenAdopted(t *testing.T) {
 		if ks := g.st.keys[tagOf(k)]; ks.tenure.l.Term == 0 {
 			t.Fatalf("%s led without a term", k)
 		}
+	}
+}
+
+// The terms of keys just won meet a lock table another role filled (the
+// terms' transaction needs a slot for its id): the session goes on, every
+// key already led stays led (a key whose OnElected still drains after a
+// hand-over among them: a session ended then would let it go while its
+// OnElected runs), the member says so, and the keys won are adopted with
+// their terms once the table has room.
+func TestScriptedLockTableFullAtTheTermsThenAdopted(t *testing.T) {
+	g, keys := scripted(t, 4, func(c *Config) { c.Fencing = Fencing{Enabled: true} })
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.SetKeys(keys[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 2 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	if err := g.SetKeys(keys); err != nil {
+		t.Fatal(err)
+	}
+	w.fullBumps = 1
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatalf("a full lock table at the terms ended the round (and the session): %v", err)
+	}
+	if g.leading() != 2 || len(w.held) != 4 {
+		t.Fatalf("full table at the terms: leading %d, held %d; want 2 and 4", g.leading(), len(w.held))
+	}
+	if st := g.Status(); st.LockTableFull == 0 || !strings.Contains(st.LastError, "lock table") {
+		t.Fatalf("status after the full table: %d, %q", st.LockTableFull, st.LastError)
+	}
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 {
+		t.Fatalf("next round: %v, leading %d", err, g.leading())
 	}
 }
 
