@@ -227,8 +227,10 @@ func (l *Lease) Precede(ctx context.Context, t *Target, to string) (standing, fi
 }
 
 // Unreserve waits, up to within, until a session named to holds t's lock,
-// and releases the reservation Reserve took. It returns the holder seen
-// last ("" when the lock is free).
+// and releases the reservation Reserve took. It stops waiting early when
+// no session named to waits for the lock either (the candidate is gone,
+// or between two of its waits): the other candidates then need not wait
+// out within. It returns the holder seen last ("" when the lock is free).
 func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time.Duration) (string, error) {
 	deadline := time.Now().Add(within)
 	holder := ""
@@ -241,9 +243,24 @@ func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time
 		if Names(h, to) || time.Now().After(deadline) {
 			break
 		}
+		var queued bool
+		if err := l.conn.QueryRow(ctx, statement("handover", "queued"),
+			to, t.ClassID, t.ObjID, t.ObjSubID).Scan(&queued); err != nil {
+			return "", err
+		}
+		if !queued {
+			break
+		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	return holder, l.release(ctx, t, to, true, true)
+}
+
+// DropReservation releases the reservation Reserve took for the candidate
+// named to at once, without waiting for anyone: the leader reserved ahead
+// of a handover it no longer makes (see elector's prefer).
+func (l *Lease) DropReservation(ctx context.Context, t *Target, to string) error {
+	return l.release(ctx, t, to, true, true)
 }
 
 func (l *Lease) release(ctx context.Context, t *Target, to string, gate, name bool) error {

@@ -467,3 +467,51 @@ func TestPrecedeQueuesTheCandidateFirst(t *testing.T) {
 		t.Fatalf("the reservation ended the other heir's wait %d times, with the candidate already ahead of it", n)
 	}
 }
+
+// A named candidate that is gone by the handover (its session ended after
+// the reservation): Unreserve finds it neither holding the lock nor
+// waiting for it, and releases the reservation at once rather than after
+// its whole bound, during which the other heirs would win the lock and
+// give it back to the gate.
+func TestUnreserveLetsGoOfAGoneCandidate(t *testing.T) {
+	h := startTwoHeirs(t)
+	ctx := context.Background()
+	if err := h.ldr.Reserve(ctx, h.lt, "named-heir", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(h.named.PID())); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-h.won; res.err == nil {
+		t.Fatalf("the named heir's round after its backend ended: %+v", res.r)
+	}
+	if err := h.ldr.Unlock(ctx, h.lt); err != nil {
+		t.Fatal(err)
+	}
+	type unreserved struct {
+		holder string
+		err    error
+	}
+	done := make(chan unreserved, 1)
+	go func() {
+		holder, err := h.ldr.Unreserve(ctx, h.lt, "named-heir", time.Minute)
+		done <- unreserved{holder, err}
+	}()
+	select {
+	case u := <-done:
+		if u.err != nil || u.holder != "" {
+			t.Fatalf("Unreserve: holder %q, %v; want the lock free", u.holder, u.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Unreserve waited on for a candidate that neither holds nor waits for the lock")
+	}
+	var held int
+	if err := h.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
+		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = 2`,
+		int32(h.ldr.PID()), uint32(lockconn.Space), uint32(h.lt.Gate())).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Fatal("the leader still holds the key's gate after Unreserve")
+	}
+}
