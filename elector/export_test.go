@@ -51,3 +51,11 @@ func SetFullProofEvery(n int) int {
 	fullProofEvery = n
 	return old
 }
+
+// SetReserveAhead sets how long before a preference handover is due the
+// leader reserves the lock; it returns the value before.
+func SetReserveAhead(d time.Duration) time.Duration {
+	old := reserveAhead
+	reserveAhead = d
+	return old
+}

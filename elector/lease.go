@@ -47,6 +47,7 @@ type handoverLease interface {
 	Precede(ctx context.Context, t *lockconn.Target, to string) (standing, first bool, err error)
 	Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error
 	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
+	DropReservation(ctx context.Context, t *lockconn.Target, to string) error
 	SendRank(ctx context.Context, t *lockconn.Target, leaderPID uint32, r lockconn.Rank) error
 	Candidate(ctx context.Context, t *lockconn.Target, pid uint32) (name string, ok bool, err error)
 }

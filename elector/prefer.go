@@ -24,9 +24,18 @@ import (
 // may be anyone's of the role; the session is the candidate's own), and
 // takes its name from there; once that candidate has stood
 // for PreferredDelay, it hands over to it with the reserved handover of
-// RequestResign(..., to). A leader that leaves (Resign, Run's context,
-// OnElected returning) hands over the same way to the candidate it
-// prefers most, when that one ranks above an unranked candidate.
+// RequestResign(..., to), reserved a moment ahead (aheadOf) so that the
+// handover's path is the step-down and the unlock alone. A leader that
+// leaves (Resign, Run's context, OnElected returning) hands over the same
+// way to the candidate it prefers most, when that one ranks above an
+// unranked candidate.
+
+// reserveAhead is how long before a preference handover is due the leader
+// reserves the lock for the candidate (at most half of PreferredDelay):
+// the reservation's statement reads pg_locks and pg_stat_activity (a few
+// milliseconds of a small server's time), and a candidate it finds queued
+// first is then handed the lock by the unlock alone. A variable for tests.
+var reserveAhead = 50 * time.Millisecond
 
 // candidate is a rank a candidate told this leader.
 type candidate struct {
@@ -41,6 +50,9 @@ type candidate struct {
 	// queue; looks, how many times precede looked.
 	first bool
 	looks int
+	// ahead: the leader tried to reserve the lock for it ahead of the
+	// due time (see reserveAhead).
+	ahead bool
 }
 
 const (
@@ -73,7 +85,7 @@ func (e *Elector) heardRank(t *tenure, req lockconn.Request) {
 	case ok && c.pref == p:
 		return
 	case ok:
-		c.pref, c.since, c.name, c.first, c.looks = p, now, "", false, 0
+		c.pref, c.since, c.name, c.first, c.looks, c.ahead = p, now, "", false, 0, false
 	case len(t.cands) >= maxCandidates:
 		return
 	default:
@@ -127,13 +139,20 @@ func (e *Elector) preferredAt(t *tenure) (*candidate, time.Time) {
 // It returns the reason to step down, or nil to lead on.
 func (e *Elector) prefer(t *tenure, ls lease) error {
 	c, at := e.preferredAt(t)
+	if t.handoverTo != "" && (c == nil || c.name != t.handoverTo) {
+		// Reserved ahead for a candidate no longer the one preferred.
+		if err := e.dropAhead(t, ls); err != nil {
+			return err
+		}
+	}
 	if c == nil {
 		return nil
 	}
 	if c.name == "" && (time.Now().Before(c.retry) || !e.prove(t, ls, c)) {
 		return nil
 	}
-	if left := time.Until(at); left > 0 {
+	switch left := time.Until(at); {
+	case left > e.aheadOf():
 		// Once when proven, then while the due time is near, a few
 		// times at most: a candidate that watches, not queued on the
 		// key, costs the standing leader no statement per renew.
@@ -141,12 +160,66 @@ func (e *Elector) prefer(t *tenure, ls lease) error {
 			e.precede(t, ls, c)
 		}
 		return nil
-	}
-	name, ok := e.handTo(t, ls, c)
-	if !ok {
+	case left > 0:
+		if !c.ahead {
+			e.reserveAhead(t, ls, c)
+		}
 		return nil
 	}
+	name := t.handoverTo
+	if name == "" {
+		var ok bool
+		if name, ok = e.handTo(t, ls, c); !ok {
+			return nil
+		}
+	} else {
+		e.candidateLog(t, c).Info("handing over to the preferred candidate", zap.String("candidate", name))
+	}
 	return fmt.Errorf("%w: handover to preferred candidate %s (%s)", leader.ErrResigned, name, e.why(c.pref, e.cfg.preference()))
+}
+
+// aheadOf is how long before a preference handover is due the leader
+// reserves the lock for the candidate: reserveAhead, at most half of
+// PreferredDelay.
+func (e *Elector) aheadOf() time.Duration {
+	return min(reserveAhead, e.cfg.PreferredDelay/2)
+}
+
+// reserveAhead reserves the lock for the proven candidate c shortly
+// before the handover to it is due (once per candidate), when c already
+// waits for the key: the handover's path is then the step-down and the
+// unlock alone. The reservation binds nobody while this leader holds the
+// lock (the other heirs give a won lock back only after the unlock), and
+// it goes with the session. When c does not wait yet, the reservation is
+// given up at once and the handover reserves at its due time, as without
+// this.
+func (e *Elector) reserveAhead(t *tenure, ls lease, c *candidate) {
+	c.ahead = true
+	if t.handoverTo != "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	if err := ls.Reserve(ctx, e.target, c.name, 0); err != nil {
+		e.candidateLog(t, c).Debug("no reservation ahead of the handover to the preferred candidate", zap.Error(err))
+		return
+	}
+	t.handoverTo = c.name
+}
+
+// dropAhead releases a reservation made ahead of a handover this leader no
+// longer makes (another candidate is preferred now, or none). An error
+// means the connection is unfit: the tenure ends.
+func (e *Elector) dropAhead(t *tenure, ls lease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	to := t.handoverTo
+	t.handoverTo = ""
+	if err := ls.DropReservation(ctx, e.target, to); err != nil {
+		return fmt.Errorf("release the reservation for %s: %w", to, err)
+	}
+	t.log.Debug("released the reservation made ahead of a handover no longer due", zap.String("candidate", to))
+	return nil
 }
 
 // leaving hands a leaving leader's lock to the candidate it prefers most,

@@ -184,6 +184,13 @@ type scripted struct {
 
 func runScripted(t *testing.T, ls *scriptLease, edit func(*elector.Config)) *scripted {
 	t.Helper()
+	return runScriptedOn(t, ls, ls, edit)
+}
+
+// runScriptedOn is runScripted with the elector opening lease, which
+// records its calls in ls.
+func runScriptedOn(t *testing.T, ls *scriptLease, lease elector.Lease, edit func(*elector.Config)) *scripted {
+	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	sc := &scripted{ls: ls, elected: make(chan leader.Leadership, 4), logs: logs, done: make(chan error, 1)}
 	cfg := elector.Config{
@@ -202,7 +209,7 @@ func runScripted(t *testing.T, ls *scriptLease, edit func(*elector.Config)) *scr
 	if err != nil {
 		t.Fatal(err)
 	}
-	elector.UseLease(e, ls)
+	elector.UseLease(e, lease)
 	sc.e = e
 	ctx, cancel := context.WithCancel(context.Background())
 	sc.cancel = cancel
@@ -371,6 +378,9 @@ func (noHandover) Reserve(context.Context, *lockconn.Target, string, time.Durati
 }
 func (noHandover) Unreserve(context.Context, *lockconn.Target, string, time.Duration) (string, error) {
 	return "", nil
+}
+func (noHandover) DropReservation(context.Context, *lockconn.Target, string) error {
+	return nil
 }
 func (noHandover) SendRank(context.Context, *lockconn.Target, uint32, lockconn.Rank) error {
 	return nil

@@ -27,8 +27,9 @@ type tenure struct {
 	demoted  chan struct{} // closed after OnDemoted
 	trust    window
 	log      *zap.Logger
-	// handoverTo: the candidate this tenure hands over to (a resign
-	// request named it, and the lock is reserved for it).
+	// handoverTo: the candidate the lock is reserved for, which this
+	// tenure hands over to when it steps down (a resign request named
+	// it, or the leader reserved ahead of a preference handover).
 	handoverTo string
 	// Values (see Proclaim): the calls waiting for the leader's
 	// goroutine, which wake cancels out of its idle read (wakeUp; both
@@ -192,8 +193,13 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 		wake := t.wake
 		e.mu.Unlock()
 		until := t.trust.nextRenew()
-		if c, at := e.preferredAt(t); c != nil && at.Before(until) {
-			until = at
+		if c, at := e.preferredAt(t); c != nil {
+			if c.name != "" && !c.ahead {
+				at = at.Add(-e.aheadOf())
+			}
+			if at.Before(until) {
+				until = at
+			}
 		}
 		req, werr := ls.WaitIdle(wake, e.target, until)
 		switch {
@@ -303,6 +309,16 @@ func (e *Elector) reserveFor(ctx context.Context, t *tenure, ls lease, to string
 	if ok, err := ls.Standing(ctx, e.target, to); err != nil || !ok {
 		log.Info("resign request refused: no such candidate", zap.Error(err))
 		return fmt.Sprintf("unknown: %q does not stand for this key", to), false
+	}
+	switch t.handoverTo {
+	case to: // reserved ahead of a preference handover to it
+		return "", true
+	case "":
+	default:
+		if err := e.dropAhead(t, ls); err != nil {
+			log.Warn("handover not started: could not release the reservation made for another candidate", zap.Error(err))
+			return "failed: " + err.Error(), false
+		}
 	}
 	return e.reserve(ctx, t, ls, to, log)
 }
