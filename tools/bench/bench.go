@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"slices"
@@ -38,6 +39,8 @@ type benchResult struct {
 	Min      float64   `json:"min"`
 	Target   string    `json:"target,omitempty"`
 	Values   []float64 `json:"values,omitempty"`
+	// Interval95 is a ratio's 95 % interval (see ratioInterval).
+	Interval95 []float64 `json:"interval_95,omitempty"`
 }
 
 type bencher struct {
@@ -345,9 +348,11 @@ func waitStanding(ctx context.Context, conn *pgx.Conn, key leader.Key, n int) er
 }
 
 // handover measures resign, kill and backend handovers with n candidates.
-// A resign with 3 candidates alternates, run by run, with the same handover
-// between bare pg_advisory_lock waiters, the speed of a lock grant itself,
-// and reports the ratio of the two medians.
+// A resign or a kill with 3 candidates alternates, run by run, with the
+// same handover between bare pg_advisory_lock waiters (each in a process
+// of its own, as the candidates are: a kill ends a process either way),
+// the speed of a lock grant itself, and reports the ratio of the two
+// medians with its 95 % interval.
 func (b *bencher) handover(kind string, n, runs int) error {
 	h, err := b.newHandoverFleet(kind, n, false)
 	if err != nil {
@@ -355,7 +360,7 @@ func (b *bencher) handover(kind string, n, runs int) error {
 	}
 	defer h.f.StopAll()
 	var ref *handoverFleet
-	if kind == "resign" {
+	if kind == "resign" || kind == "kill" {
 		if ref, err = b.newHandoverFleet("bare-"+kind, n, true); err != nil {
 			return err
 		}
@@ -381,9 +386,33 @@ func (b *bencher) handover(kind string, n, runs int) error {
 	b.add(kind, fmt.Sprintf("handover (%d candidates)", n), "ms", target, vals)
 	if ref != nil {
 		b.add(kind, fmt.Sprintf("bare pg_advisory_lock (%d waiters, reference)", n), "ms", "", refVals)
-		b.add(kind, "p50 / bare p50", "x", "<= 1.2", []float64{median(vals) / median(refVals)})
+		lo, hi := ratioInterval(vals, refVals)
+		b.add(kind, fmt.Sprintf("p50 / bare p50 (95 %% interval %.2f-%.2f)", lo, hi), "x",
+			map[string]string{"resign": "<= 1.2", "kill": "<= 1.5"}[kind], []float64{median(vals) / median(refVals)})
+		b.results[len(b.results)-1].Interval95 = []float64{lo, hi}
 	}
 	return nil
+}
+
+// ratioInterval is a bootstrap 95 % interval of median(a) / median(b):
+// both samples resampled with replacement, each on its own, 2,000 times
+// (the runs alternate, so a drift of the machine's speed is in both).
+func ratioInterval(a, b []float64) (lo, hi float64) {
+	const n = 2000
+	r := rand.New(rand.NewPCG(uint64(len(a)), uint64(len(b))))
+	rs := make([]float64, n)
+	ra, rb := make([]float64, len(a)), make([]float64, len(b))
+	for i := range rs {
+		for j := range ra {
+			ra[j] = a[r.IntN(len(a))]
+		}
+		for j := range rb {
+			rb[j] = b[r.IntN(len(b))]
+		}
+		rs[i] = median(ra) / median(rb)
+	}
+	slices.Sort(rs)
+	return rs[n*25/1000], rs[n*975/1000-1]
 }
 
 func median(v []float64) float64 {
