@@ -136,8 +136,9 @@ func TestScriptedAheadReservationDroppedWhenOutranked(t *testing.T) {
 	waitCalls(t, ls, "reserve cand-77 0s")
 	ls.rank(77, -1)
 	waitCalls(t, ls, "reserve cand-77 0s", "drop cand-77")
-	began := time.Now()
-	eventually(t, "a second past the first due time", func() (bool, string) { return time.Since(began) > time.Second, "" })
+	// 40 more renews (20 ms apart): past the due time of the first rank.
+	renews := ls.count("renew") + 40
+	eventually(t, "the leader's renews past the first due time", func() (bool, string) { return ls.count("renew") >= renews, "" })
 	if got := ls.handovers(); len(got) != 2 || !sc.e.IsLeader() {
 		t.Fatalf("after the candidate fell below the leader: IsLeader %v, calls %v", sc.e.IsLeader(), got)
 	}

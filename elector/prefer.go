@@ -135,8 +135,12 @@ func (e *Elector) preferredAt(t *tenure) (*candidate, time.Time) {
 
 // prefer hands over to the candidate this leader prefers to itself once
 // it is due. It proves the candidate stands as soon as it is preferred
-// (off the handover's path), and reserves the lock for it when it is due.
-// It returns the reason to step down, or nil to lead on.
+// (off the handover's path), reserves the lock for it shortly before it
+// is due (reserveAhead; or at the due time, when it did not wait then),
+// and releases such a reservation first whenever the candidate it names
+// is no longer the one preferred: a reservation held is always the
+// preferred candidate's. It returns the reason to step down, or nil to
+// lead on.
 func (e *Elector) prefer(t *tenure, ls lease) error {
 	c, at := e.preferredAt(t)
 	if t.handoverTo != "" && (c == nil || c.name != t.handoverTo) {
@@ -195,9 +199,6 @@ func (e *Elector) aheadOf() time.Duration {
 // this.
 func (e *Elector) reserveAhead(t *tenure, ls lease, c *candidate) {
 	c.ahead = true
-	if t.handoverTo != "" {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
 	if err := ls.Reserve(ctx, e.target, c.name, 0); err != nil {

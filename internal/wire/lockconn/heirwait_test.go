@@ -482,8 +482,13 @@ func TestUnreserveLetsGoOfAGoneCandidate(t *testing.T) {
 	if _, err := h.admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(h.named.PID())); err != nil {
 		t.Fatal(err)
 	}
-	if res := <-h.won; res.err == nil {
-		t.Fatalf("the named heir's round after its backend ended: %+v", res.r)
+	select {
+	case res := <-h.won:
+		if res.err == nil {
+			t.Fatalf("the named heir's round after its backend ended: %+v", res.r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the named heir's round did not end with its backend")
 	}
 	if err := h.ldr.Unlock(ctx, h.lt); err != nil {
 		t.Fatal(err)
