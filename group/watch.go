@@ -237,17 +237,12 @@ func nextTarget(ctx context.Context, targets <-chan string, target *string) bool
 	}
 }
 
-// cancelAgain: a retargeted watch's cancel request is sent again this
-// often until its wait returns.
-const cancelAgain = 250 * time.Millisecond
-
 // watchOnce waits once on target's member lock. A new target (the members
-// changed) ends the wait with a cancel request, so that the new successor
-// is watched at once: it is returned as retargeted. A request that reaches
-// the backend before the wait's statement does is ignored by the server
-// (the wait then ran its whole length, seen once in CI), so it is sent
-// again every cancelAgain until the call returns; one that arrives after
-// it can only end the next wait early, which watches again.
+// changed) ends the wait with one cancel request (Ring.Cancel: none to a
+// wait about to end by itself), so that the new successor is watched at
+// once: it is returned as retargeted. A request the server ignored (it
+// came before the wait's statement) leaves the wait to end by itself,
+// within its length (under deadlock_timeout).
 func (g *Group) watchOnce(ctx context.Context, ring *lockconn.Ring, targets <-chan string, target string) (gone bool, retargeted string, err error) {
 	callDone, moved, finished := make(chan struct{}), make(chan string, 1), make(chan struct{})
 	go func() {
@@ -255,18 +250,8 @@ func (g *Group) watchOnce(ctx context.Context, ring *lockconn.Ring, targets <-ch
 		select {
 		case t := <-targets:
 			moved <- t
-		case <-callDone:
-			return
-		}
-		again := time.NewTicker(cancelAgain)
-		defer again.Stop()
-		for {
 			ring.Cancel()
-			select {
-			case <-callDone:
-				return
-			case <-again.C:
-			}
+		case <-callDone:
 		}
 	}()
 	res, err := ring.Wait(ctx, target, g.cfg.RenewDeadline)

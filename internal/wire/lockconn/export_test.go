@@ -32,3 +32,11 @@ func SetReservationBinds(d time.Duration) time.Duration {
 
 // Lookups is how many holder lookups the quiet campaign made.
 func (l *Lease) Lookups() int { return l.lookups }
+
+// CancelPlan is the crash watch's cancel decision.
+var CancelPlan = cancelPlan
+
+// CancelledOutside is Wait's answer to an error of its statement.
+func (r *Ring) CancelledOutside(ctx context.Context, err error) (*bool, error) {
+	return r.cancelledOutside(ctx, err)
+}

@@ -2,10 +2,12 @@ package lockconn
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The crash watch's session (package group). A member that dies (SIGKILL,
@@ -29,6 +31,34 @@ type Ring struct {
 
 	mu     sync.Mutex
 	inCall bool
+	began  time.Time // when the call in progress was sent
+	call   uint64    // counts calls, so that a delayed Cancel ends only its own
+	// cancelled: the call a request was sent to (one per call)
+	cancelled uint64
+}
+
+// A cancel request ends a wait only when it reaches the backend inside the
+// session function, whose exception block catches it (no log line). One
+// that arrives before the statement is ignored by the server (the wait
+// runs its length); one that arrives as the statement begins or ends,
+// outside the function's block, fails the statement with an ERROR the
+// server logs. So Cancel sends at most one request per wait, only to a
+// wait sent ringCancelAge ago or more (it reached the backend by then, on
+// any machine not paused), and none to a wait that ends by itself within
+// ringCancelMargin or an eighth of its length: a request then would gain
+// little and could arrive as the wait ends. A request that still arrives
+// outside the function costs the log line and nothing else (Wait clears
+// the session and answers "not gone").
+var (
+	ringCancelAge    = 50 * time.Millisecond
+	ringCancelMargin = 50 * time.Millisecond
+)
+
+// cancelPlan decides a cancel request for a wait of length wait sent age
+// ago: send it after delay, or send none.
+func cancelPlan(age, wait time.Duration) (delay time.Duration, send bool) {
+	delay = max(0, ringCancelAge-age)
+	return delay, wait-(age+delay) >= max(ringCancelMargin, wait/8)
 }
 
 // NewRing creates the watch's function on a session set up with Setup.
@@ -57,7 +87,8 @@ func (r *Ring) Wait(ctx context.Context, target string, slack time.Duration) (go
 		r.mu.Unlock()
 		return nil, ctx.Err()
 	}
-	r.inCall = true
+	r.inCall, r.began = true, time.Now()
+	r.call++
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
@@ -68,18 +99,60 @@ func (r *Ring) Wait(ctx context.Context, target string, slack time.Duration) (go
 	defer cancel()
 	err = r.conn.QueryRow(wctx, statement("ring", "wait"), Space, MemberLock(r.group, target),
 		int32(max(1, r.wait.Milliseconds()))).Scan(&gone)
+	if err != nil && wctx.Err() == nil {
+		return r.cancelledOutside(wctx, err)
+	}
 	return gone, err
 }
 
+// cancelledOutside turns a cancel request that reached the wait's
+// statement outside the session function (see ringCancelAge) into what the
+// function would have answered, "not gone": the session stays fit (the
+// statement ran in a transaction of its own), but the request may have
+// come while the function's handler was about to release a shared lock the
+// wait was granted, which a session lock outlives an error with; kept, it
+// would block the watched member's next session from its member lock. So
+// every lock of the watch's session is released first. Any other error is
+// returned as it is.
+func (r *Ring) cancelledOutside(ctx context.Context, err error) (*bool, error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		return nil, err
+	}
+	if _, uerr := r.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock_all()", pgx.QueryExecModeExec); uerr != nil {
+		return nil, uerr
+	}
+	gone := false
+	return &gone, nil
+}
+
 // Cancel ends a wait in progress with a cancel request, which the function
-// catches (no log line). Only a wait in progress is cancelled: a cancel
-// that reached the idle backend would do nothing.
-func (r *Ring) Cancel() {
+// catches (no log line), and reports whether it sent one. It sends at most
+// one per wait, and none to a wait that ends by itself soon or that began
+// too recently for the request to find it (see ringCancelAge); such a
+// wait ends within its length as always.
+func (r *Ring) Cancel() bool {
+	r.mu.Lock()
+	if !r.inCall || r.cancelled == r.call {
+		r.mu.Unlock()
+		return false
+	}
+	call := r.call
+	delay, send := cancelPlan(time.Since(r.began), r.wait)
+	r.mu.Unlock()
+	if !send {
+		return false
+	}
+	if delay > 0 {
+		time.Sleep(delay)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.inCall {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		r.conn.PgConn().CancelRequest(cctx)
+	if !r.inCall || r.call != call || r.cancelled == call {
+		return false
 	}
+	r.cancelled = call
+	cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return r.conn.PgConn().CancelRequest(cctx) == nil
 }
