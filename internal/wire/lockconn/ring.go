@@ -112,18 +112,33 @@ func (r *Ring) Wait(ctx context.Context, target string, slack time.Duration) (go
 // come while the function's handler was about to release a shared lock the
 // wait was granted, which a session lock outlives an error with; kept, it
 // would block the watched member's next session from its member lock. So
-// every lock of the watch's session is released first. Any other error is
-// returned as it is.
+// every lock of the watch's session is released first. Cancel sends one
+// request per wait, but any session of the role may send more (the
+// server's pg_cancel_backend); so a release that a request failed is
+// tried again, three times in all (a release is the same done twice). Any
+// other error is returned as it is.
 func (r *Ring) cancelledOutside(ctx context.Context, err error) (*bool, error) {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+	if !isCancelled(err) {
 		return nil, err
 	}
-	if _, uerr := r.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock_all()", pgx.QueryExecModeExec); uerr != nil {
-		return nil, uerr
+	for try := 1; ; try++ {
+		_, err := r.conn.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock_all()", pgx.QueryExecModeExec)
+		if err == nil {
+			break
+		}
+		if !isCancelled(err) || try == 3 {
+			return nil, err
+		}
 	}
 	gone := false
 	return &gone, nil
+}
+
+// isCancelled reports a statement ended by a cancel request
+// (query_canceled).
+func isCancelled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
 // Cancel ends a wait in progress with a cancel request, which the function
