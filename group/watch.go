@@ -149,8 +149,9 @@ func (g *Group) watchSession(ctx context.Context, targets <-chan string, target 
 	}
 	defer ring.Close()
 	// Stopping cancels a wait in progress (caught in the function, no log
-	// line), so that Run returns at once rather than after the wait; the
-	// cancel request goes out before the session closes.
+	// line), so that Run returns soon (Ring.Cancel: within 50 ms, or at
+	// the wait's own end when that is nearer) rather than after the wait;
+	// the cancel request goes out before the session closes.
 	stopped := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(stopped)

@@ -143,9 +143,10 @@ func isCancelled(err error) bool {
 
 // Cancel ends a wait in progress with a cancel request, which the function
 // catches (no log line), and reports whether it sent one. It sends at most
-// one per wait, and none to a wait that ends by itself soon or that began
-// too recently for the request to find it (see ringCancelAge); such a
-// wait ends within its length as always.
+// one per wait; to a wait sent less than ringCancelAge ago, only once it
+// is that old (Cancel sleeps until then); and none to a wait that ends by
+// itself soon (see cancelPlan), which then ends within its length as
+// always.
 func (r *Ring) Cancel() bool {
 	r.mu.Lock()
 	if !r.inCall || r.cancelled == r.call {
