@@ -40,3 +40,11 @@ var CancelPlan = cancelPlan
 func (r *Ring) CancelledOutside(ctx context.Context, err error) (*bool, error) {
 	return r.cancelledOutside(ctx, err)
 }
+
+// SetRingCancelAge changes how old a crash-watch wait must be before
+// Cancel sends its request; it returns the value before.
+func SetRingCancelAge(d time.Duration) time.Duration {
+	old := ringCancelAge
+	ringCancelAge = d
+	return old
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
 )
 
 // The crash watch cancels a wait only once it has surely reached the
@@ -188,5 +189,145 @@ func TestRingWaitSurvivesCancelsAtAnyMoment(t *testing.T) {
 	holder.Close(ctx)
 	if gone, err := ring.Wait(ctx, "m", 5*time.Second); err != nil || gone == nil || !*gone {
 		t.Fatalf("after the member's end: gone %v, err %v", gone, err)
+	}
+}
+
+// Two Cancel calls on one wait (the members changed and the member stops
+// at once) send one request: a second one could reach the statement as
+// the first one's ends it, outside the function.
+func TestRingCancelsOncePerWait(t *testing.T) {
+	ctx := context.Background()
+	ring, conn := longRing(t, "ring-once")
+	pid, obs := conn.PgConn().PID(), shared.Conn(t)
+	holdMember(t, "m")
+	for i := range 5 {
+		sent := make(chan bool, 2)
+		waited := make(chan error, 1)
+		go func() {
+			gone, err := ring.Wait(ctx, "m", 5*time.Second)
+			if err == nil && (gone == nil || *gone) {
+				err = errors.New("the member is not gone")
+			}
+			waited <- err
+		}()
+		waitingOn(t, obs, memberKey(t, "m"), pid) // both calls come while the wait is in progress
+		for range 2 {
+			go func() { sent <- ring.Cancel() }()
+		}
+		n := 0
+		for range 2 {
+			if <-sent {
+				n++
+			}
+		}
+		select {
+		case err := <-waited:
+			if err != nil {
+				t.Fatalf("wait %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("wait %d: not ended by the cancel request", i)
+		}
+		if n != 1 {
+			t.Fatalf("wait %d: %d cancel requests sent, want one", i, n)
+		}
+	}
+}
+
+// longRing is a crash watch's session whose waits last 5 s:
+// deadlock_timeout is 10 s there, so a loaded machine never brings a wait
+// near its end before a test's calls.
+func longRing(t *testing.T, id string) (*lockconn.Ring, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := leader.DSN(server(t).DSN() + "&options=-c%20deadlock_timeout%3D10s").Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lockconn.Close(conn) })
+	sess, err := lockconn.Setup(ctx, conn, lockconn.Settings{Identity: id, LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := lockconn.NewRing(ctx, conn, sess, t.Name(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ring, conn
+}
+
+// holdMember holds the member lock of member (group t.Name()) on a
+// session of its own, until the test ends or the returned function.
+func holdMember(t *testing.T, member string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := server(t).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close(ctx) })
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.Space, lockconn.MemberLock(t.Name(), member)); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", lockconn.Space, lockconn.MemberLock(t.Name(), member)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// memberKey is the member lock of member in the group t.Name(), as a key.
+func memberKey(t *testing.T, member string) leader.Key {
+	return leader.PairKey(lockconn.Space, lockconn.MemberLock(t.Name(), member))
+}
+
+// A Cancel that sleeps until its wait is old enough, and finds that wait
+// over and the next one in progress, sends nothing: the next wait (on the
+// new target) is not the one it was asked to end.
+func TestRingDelayedCancelSparesTheNextWait(t *testing.T) {
+	defer lockconn.SetRingCancelAge(lockconn.SetRingCancelAge(500 * time.Millisecond))
+	ctx := context.Background()
+	ring, conn := longRing(t, "ring-next")
+	pid, obs := conn.PgConn().PID(), shared.Conn(t)
+	release := holdMember(t, "first")
+	holdMember(t, "next")
+	type result struct {
+		gone *bool
+		err  error
+	}
+	first, next := make(chan result, 1), make(chan result, 1)
+	go func() {
+		gone, err := ring.Wait(ctx, "first", 5*time.Second)
+		first <- result{gone, err}
+		gone, err = ring.Wait(ctx, "next", 5*time.Second)
+		next <- result{gone, err}
+	}()
+	waitingOn(t, obs, memberKey(t, "first"), pid)
+	sent := make(chan bool, 1)
+	go func() { sent <- ring.Cancel() }() // sleeps until the first wait is 500 ms old
+	release()                             // the first wait ends: its member is gone
+	if r := <-first; r.err != nil || r.gone == nil || !*r.gone {
+		t.Fatalf("the first wait: gone %v, err %v", r.gone, r.err)
+	}
+	select {
+	case s := <-sent:
+		if s {
+			t.Fatal("the delayed Cancel sent a request to the next wait")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Cancel did not return")
+	}
+	// The next wait runs on; a Cancel made for it ends it.
+	waitingOn(t, obs, memberKey(t, "next"), pid)
+	if !ring.Cancel() {
+		t.Fatal("a Cancel of the wait in progress sent nothing")
+	}
+	select {
+	case r := <-next:
+		if r.err != nil || r.gone == nil || *r.gone {
+			t.Fatalf("the next wait: gone %v, err %v", r.gone, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next wait was not ended by its own Cancel")
 	}
 }
