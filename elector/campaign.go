@@ -181,8 +181,10 @@ func (e *Elector) confirm(ls lease) (time.Time, int64, error) {
 }
 
 // staleGrant reports whether a proven grant needs a confirm all the same:
-// its round was sent so long ago (an heir's wait granted late, a loaded
-// machine) that less than half of the trust window it opened is left.
+// the trust window it opened (from its round's send time or, for an
+// heir's wait, from about its grant: lockconn's grantedFrom) began so long
+// ago (an answer that came late, a loaded machine) that less than half of
+// it is left.
 // OnElected would start with little or no trust left, and the first
 // renew's deadline would pass in flight, demoting a leader that holds the
 // lock. A check now opens a fresh window, before OnElected.

@@ -58,6 +58,8 @@ type bencher struct {
 	interval, deadline, lease time.Duration
 	// the crowd's timings (zero: the elector's defaults)
 	crowd fleet.Options
+	// settle overrides handoverFleet.settle (zero: its default).
+	settle time.Duration
 }
 
 func cmdBench(args []string, stdout, stderr io.Writer) error {
@@ -74,6 +76,7 @@ throwaway server.
 	scen := fs.String("scenarios", "resign,kill,backend,partition,pause,restart,crowd,freshness,proclaim,prefer,idle", "comma-separated scenarios")
 	crowd := fs.Int("crowd", 200, "candidates in the crowd scenario")
 	crowdRuns := fs.Int("crowd-runs", 10, "runs per crowd handover kind")
+	settle := fs.Duration("settle", 0, "how long resign and kill wait after an election before the next run (0: 100ms, the crowd's 1.5s); past RenewDeadline/2 (1.5s at the defaults) the heirs' waits are older than that at the handover, as at three handovers in four at a random moment")
 	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
 	crowdInterval := fs.Duration("crowd-interval", 0, "RenewInterval of the crowd's candidates (0: the default, 1s); RenewDeadline and the lease scale with it")
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -125,7 +128,7 @@ throwaway server.
 		}
 		defer admin.Close(ctx)
 		b := &bencher{dsn: dsn, srv: srv, exe: exe, runs: *runs, out: progress, admin: admin,
-			interval: 100 * time.Millisecond, deadline: 500 * time.Millisecond, lease: 1500 * time.Millisecond}
+			interval: 100 * time.Millisecond, deadline: 500 * time.Millisecond, lease: 1500 * time.Millisecond, settle: *settle}
 		if ci := *crowdInterval; ci > 0 {
 			b.crowd = fleet.Options{Interval: ci, Deadline: 3 * ci, Lease: 6 * ci}
 		}
@@ -256,6 +259,9 @@ func (b *bencher) newHandoverFleet(kind string, n int, bare bool) (*handoverFlee
 	if strings.HasPrefix(kind, "crowd") {
 		h.settle = 1500 * time.Millisecond
 		h.o.Interval, h.o.Deadline, h.o.Lease = b.crowd.Interval, b.crowd.Deadline, b.crowd.Lease
+	}
+	if b.settle > 0 {
+		h.settle = b.settle
 	}
 	for i := 0; i < n; i++ {
 		if err := h.add(); err != nil {

@@ -48,3 +48,12 @@ func SetRingCancelAge(d time.Duration) time.Duration {
 	ringCancelAge = d
 	return old
 }
+
+// GrantedFrom is grantedFrom, for its table test.
+var GrantedFrom = grantedFrom
+
+// WaitRound runs one heir's wait call (see runRound) and returns its code
+// and the wait's length the call read.
+func (l *Lease) WaitRound(ctx context.Context, t *Target) (int32, time.Duration, error) {
+	return l.runRound(ctx, t, true)
+}

@@ -200,6 +200,107 @@ func TestHeirWaitIsLongStoppableAndWoken(t *testing.T) {
 	}
 }
 
+// A lock granted late in an heir's long wait opens its trust window about
+// when it was granted, not when the round was sent: the round's send time
+// plus the wait's length before the grant, as the server measured it. So
+// an heir granted past half its RenewDeadline leads without a check of its
+// own first (a round trip more for every handover that came late in a
+// wait). The window opens no earlier than the round's send time plus how
+// long the test kept the lock once the heir queued (the wait began before
+// the heir was seen queued, and the grant came after the unlock), and no
+// later than the round's answer.
+func TestHeirGrantOpensTheWindowAtTheGrant(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{})
+	ctx := context.Background()
+	ldr, heir, target := heirWaitSetup(t, srv, 60*time.Second)
+	key := leader.KeyFromName(t.Name())
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	const keep = 300 * time.Millisecond
+	sent := time.Now()
+	done := runHeirRound(ctx, heir, target)
+	waitingOn(t, admin, key, heir.PID())
+	queued := time.Now()
+	time.Sleep(keep) // the lock is kept this long after the heir queued
+	unlocked := time.Now()
+	if err := ldr.Unlock(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	var res roundResult
+	select {
+	case res = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the heir was not granted the lock within 20s of the unlock")
+	}
+	answered := time.Now()
+	if res.err != nil || !res.r.Held || !res.r.Proven || res.r.Already {
+		t.Fatalf("the heir's round: %+v %v; want a proven grant in its wait", res.r, res.err)
+	}
+	if low := sent.Add(unlocked.Sub(queued)); res.r.Sent.Before(low) {
+		t.Fatalf("the window opens %s after the round began, before the grant (the lock was kept %s after the heir queued)",
+			res.r.Sent.Sub(sent), unlocked.Sub(queued))
+	}
+	if res.r.Sent.After(answered) {
+		t.Fatalf("the window opens %s after the round's answer", res.r.Sent.Sub(answered))
+	}
+	t.Logf("the window opens %s after the round was sent, %s before its answer", res.r.Sent.Sub(sent), answered.Sub(res.r.Sent))
+}
+
+// A round whose wait granted nothing reports no wait's length, whatever
+// default a role or the database gives the setting the length comes in: a
+// default of an hour would open the trust window of a lock held before
+// the round at the round's answer instead of its send time.
+func TestHeirWaitLengthIgnoresDefaults(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{})
+	ctx := context.Background()
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "ALTER ROLE CURRENT_USER SET pgleader.waited_ms = '3600000'"); err != nil {
+		t.Fatal(err)
+	}
+	ldr, heir, target := heirWaitSetup(t, srv, 60*time.Second)
+	key := leader.KeyFromName(t.Name())
+	if err := ldr.Unlock(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := key.Int64()
+	if _, err := heir.Conn().Exec(ctx, "SELECT pg_advisory_lock($1)", k); err != nil {
+		t.Fatal(err)
+	}
+	code, waited, err := heir.WaitRound(ctx, target)
+	if err != nil || code != 3 {
+		t.Fatalf("an heir's round on a lock its session held: code %d, %v; want 3 (held before the round)", code, err)
+	}
+	if waited != 0 {
+		t.Fatalf("the round reports a wait of %s; it waited for nothing", waited)
+	}
+}
+
+// grantedFrom: the wait's length as the server measured it moves the
+// window's start, never past now; no measure leaves it at the send time.
+func TestGrantedFrom(t *testing.T) {
+	sent := time.Now()
+	for _, c := range []struct {
+		waited, now, want time.Duration
+	}{
+		{0, time.Second, 0},
+		{-time.Second, time.Second, 0},
+		{400 * time.Millisecond, time.Second, 400 * time.Millisecond},
+		{time.Second, time.Second, time.Second},
+		{time.Hour, time.Second, time.Second},
+	} {
+		if got := lockconn.GrantedFrom(sent, c.waited, sent.Add(c.now)).Sub(sent); got != c.want {
+			t.Errorf("waited %s, answered after %s: opens after %s, want %s", c.waited, c.now, got, c.want)
+		}
+	}
+}
+
 // While the server logs lock waits (log_lock_waits, which only a superuser
 // sets), an heir's wait stays under deadlock_timeout, so that no wait is
 // logged: the session function reads the setting at every round.

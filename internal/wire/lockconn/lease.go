@@ -135,8 +135,10 @@ type Round struct {
 	// candidate; see pgleader_wake).
 	Woken bool
 	// Sent is when the round's statement was sent (a watcher's round
-	// first waits idle for its poll): a trust window that a Proven round
-	// opens runs from then.
+	// first waits idle for its poll), or, for a lock an heir's wait was
+	// granted, that plus how long the wait took before the grant as the
+	// server measured it (see grantedFrom): a trust window that a Proven
+	// round opens runs from then.
 	Sent time.Time
 }
 

@@ -139,9 +139,13 @@ func (t *Target) Channel() string {
 }
 
 // The calls of a round: the key as pg_locks shows it, the session's pid
-// and token, then the round's own arguments.
+// and token, then the round's own arguments. The wait's call also reads
+// how long a wait that was granted took, as the server measured it
+// (pgleader.waited_ms, set by the function; the FROM clause runs the
+// function before the select list reads the setting).
 const (
-	waitCall = "SELECT pg_temp.pgleader_wait($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4, $7::int4, $8::int4, $9::int4)"
+	waitCall = "SELECT w, coalesce(nullif(current_setting('pgleader.waited_ms', true), ''), '0')::float8 " +
+		"FROM pg_temp.pgleader_wait($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4, $7::int4, $8::int4, $9::int4) w"
 	pollCall = "SELECT pg_temp.pgleader_poll($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4[], $7::int4, $8::int4, $9::int4)"
 )
 
@@ -241,12 +245,12 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 	}
 	sent := time.Now()
 	waiting := f.waiting(sent)
-	code, err := l.runRound(ctx, t, waiting)
+	code, waited, err := l.runRound(ctx, t, waiting)
 	if err != nil {
 		return Round{}, err
 	}
 	l.notified(t)
-	return f.took(code, sent, l.sess.PID)
+	return f.took(code, grantedFrom(sent, waited, time.Now()), l.sess.PID)
 }
 
 // runRound calls the heir's wait or the watcher's poll, and returns its
@@ -256,7 +260,7 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 // and the round returns as a busy one (see cancelOnDone). Otherwise only
 // its client-side deadline, Wait plus Slack (a silent network), closes the
 // connection.
-func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, error) {
+func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int32, waited time.Duration, err error) {
 	f := l.f
 	var gate *int32
 	if !f.gateOff {
@@ -274,7 +278,7 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, e
 			dl = d
 		}
 		if err := ctx.Err(); err != nil {
-			return 0, err // stopping: no wait to start and cancel
+			return 0, 0, err // stopping: no wait to start and cancel
 		}
 		var cancel context.CancelFunc
 		parent := ctx
@@ -284,14 +288,35 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (int32, e
 	} else {
 		f.nextPoll = time.Now().Add(f.Poll*3/4 + rand.N(f.Poll/4+1))
 	}
-	var code int32
-	if err := l.conn.QueryRow(ctx, sql, args...).Scan(&code); err != nil {
-		if waiting && ctx.Err() == context.DeadlineExceeded {
-			return 0, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, f.Wait, f.Slack, err)
-		}
-		return 0, Pooling(err)
+	var ms float64
+	dest := []any{&code}
+	if waiting {
+		dest = append(dest, &ms)
 	}
-	return code, nil
+	if err := l.conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+		if waiting && ctx.Err() == context.DeadlineExceeded {
+			return 0, 0, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, f.Wait, f.Slack, err)
+		}
+		return 0, 0, Pooling(err)
+	}
+	return code, time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// grantedFrom is when a trust window that a round's grant opens may run
+// from: the round's send time plus how long its lock wait took before the
+// grant, as the server measured it on its monotonic clock (the wait began
+// after the round was sent, and ended after the grant: the sum is no later
+// than the grant's statement ended, and the server's lease runs from
+// later than that, as from a check sent then). An heir granted late in a
+// long wait then starts to lead without a check of its own first (see
+// elector's staleGrant), where its send time alone would leave little or
+// none of the window. Never later than now: a measure longer than the
+// round itself took on this side is no measure of it.
+func grantedFrom(sent time.Time, waited time.Duration, now time.Time) time.Time {
+	if waited <= 0 {
+		return sent
+	}
+	return sent.Add(min(waited, now.Sub(sent)))
 }
 
 // cancelOnDone sends the server one cancel request for the running

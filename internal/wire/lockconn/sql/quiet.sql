@@ -141,12 +141,14 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- deadlock_detected (a cycle another session made). Past deadlock_timeout
 -- the server runs the deadlock detector once per wait; while log_lock_waits
 -- is on it would also log the wait, so the wait then stays under
--- deadlock_timeout (four fifths of it). 1: won; 3: held before the round (a
--- grant that raced the last round's timeout); 0: busy; 7: busy, the wait
--- cancelled (a new leader's wake, sent in its announcement's transaction,
--- so before that commits: the caller looks the holder up in pg_locks
--- rather than wait for the notification; or the client stopping); 6: won
--- and given back to a reservation; 4 and 5 from the guard. A win releases
+-- deadlock_timeout (four fifths of it). 1: won (in this round's wait, which
+-- then sets pgleader.waited_ms for the caller's statement); 3: held before
+-- the round (a grant that raced the last round's timeout); 0: busy; 7:
+-- busy, the wait cancelled (a new leader's wake, sent in its
+-- announcement's transaction, so before that commits: the caller looks
+-- the holder up in pg_locks rather than wait for the notification; or the
+-- client stopping); 6: won and given back to a reservation; 4 and 5 from
+-- the guard. A win releases
 -- the heir slot. A cancel that lands anywhere else in the round (a second
 -- one, or one that arrives as the wait ends) is caught too (7): a lock it
 -- took is a session lock the rollback keeps, and the next round finds it
@@ -156,7 +158,11 @@ DECLARE
   won int := 1;
   g int := pg_temp.pgleader_guard(pid, tok);
   w int := wait_ms;
+  plan json;
 BEGIN
+  -- No wait's length unless this round's wait sets one (a role's or a
+  -- database's default for the setting is no measure of it).
+  PERFORM set_config('pgleader.waited_ms', '0', true);
   IF g <> 0 THEN
     RETURN g;
   END IF;
@@ -169,7 +175,15 @@ BEGIN
       END IF;
       BEGIN
         PERFORM set_config('lock_timeout', greatest(w, 1)::text, true);
-        PERFORM pg_temp.pgleader_lock(c, o, s, 'wait');
+        -- The wait runs under EXPLAIN ANALYZE for its execution time, on
+        -- the server's monotonic clock: it began after the round was sent
+        -- and ended after the grant, so the round's send time plus it is
+        -- no later than the grant's statement ended (the caller's trust
+        -- window runs from there: see quiet.go). A wait that did not end
+        -- in a grant leaves the setting at 0, as does a rollback.
+        EXECUTE 'EXPLAIN (ANALYZE, TIMING false, COSTS false, FORMAT JSON) SELECT pg_temp.pgleader_lock($1, $2, $3, ''wait'')'
+          INTO plan USING c, o, s;
+        PERFORM set_config('pgleader.waited_ms', coalesce(plan->0->>'Execution Time', '0'), true);
       EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
         -- A wait can time out at the instant of its grant; the session
         -- then holds the key.
