@@ -123,7 +123,11 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 		// leader before it listened. Tell it again.
 		e.rankTo = 0
 	}
-	e.tellRank(ls, uint32(e.leaderPID))
+	if !r.Held {
+		// A round that won leads now: a rank told to the last leader
+		// would only delay OnElected by a round trip.
+		e.tellRank(ls, uint32(e.leaderPID))
+	}
 	// Left alone: a round that saw the known leader's backend without a
 	// name (not seen in tests yet; the chaos run's "pid N" leader was a
 	// nameless holder of some kind): that backend is still that leader.

@@ -505,6 +505,27 @@ func TestScriptedLeavingSkipsALowRank(t *testing.T) {
 	}
 }
 
+// A ranked candidate whose round won tells no rank before OnElected: a
+// plain round reports the holder it saw at its start and the grant it got
+// at its end, and a rank told to that old leader (it changed since the
+// last round) was a round trip on the handover's path, to a session that
+// had just let go of the lock.
+func TestScriptedWinTellsNoRank(t *testing.T) {
+	ls := &scriptLease{campaigns: []step{
+		{round: lockconn.Round{Busy: true, Holder: "old", HolderPID: 77}},
+		{round: lockconn.Round{Held: true, Proven: true, Holder: "old", HolderPID: 78}},
+	}}
+	sc := runScripted(t, ls, func(c *elector.Config) { c.Priority = 1 })
+	sc.waitElected(t)
+	ls.mu.Lock()
+	calls := slices.Clone(ls.calls)
+	ls.mu.Unlock()
+	want := []string{"campaign", "rank", "campaign"}
+	if len(calls) < 3 || !slices.Equal(calls[:3], want) || len(calls) > 3 && calls[3] == "rank" {
+		t.Fatalf("calls %v: want %v, then no rank before leading", calls, want)
+	}
+}
+
 // A ranked candidate tells a leader its rank on first seeing it and once
 // more 1 s later, whatever the ranks (a leader listens only from its first
 // renew on, and one that leaves hands over to the best rank it heard, even
