@@ -285,7 +285,11 @@ func memberKey(t *testing.T, member string) leader.Key {
 // over and the next one in progress, sends nothing: the next wait (on the
 // new target) is not the one it was asked to end.
 func TestRingDelayedCancelSparesTheNextWait(t *testing.T) {
-	defer lockconn.SetRingCancelAge(lockconn.SetRingCancelAge(500 * time.Millisecond))
+	// Cancel sleeps until a wait is 2 s old: the test's release of the
+	// first member, right after it saw the wait queued, comes before that
+	// even on a loaded machine (a shorter age let a slow look at pg_locks
+	// race the request to the first wait).
+	defer lockconn.SetRingCancelAge(lockconn.SetRingCancelAge(2 * time.Second))
 	ctx := context.Background()
 	ring, conn := longRing(t, "ring-next")
 	pid, obs := conn.PgConn().PID(), shared.Conn(t)
@@ -304,7 +308,7 @@ func TestRingDelayedCancelSparesTheNextWait(t *testing.T) {
 	}()
 	waitingOn(t, obs, memberKey(t, "first"), pid)
 	sent := make(chan bool, 1)
-	go func() { sent <- ring.Cancel() }() // sleeps until the first wait is 500 ms old
+	go func() { sent <- ring.Cancel() }() // sleeps until the first wait is 2 s old
 	release()                             // the first wait ends: its member is gone
 	if r := <-first; r.err != nil || r.gone == nil || !*r.gone {
 		t.Fatalf("the first wait: gone %v, err %v", r.gone, r.err)
