@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/inspect"
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 

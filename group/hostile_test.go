@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/inspect"
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/health"
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 	"github.com/pgleader/pgleader/lock"
 )

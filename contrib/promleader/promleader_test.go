@@ -13,7 +13,7 @@ import (
 	"github.com/pgleader/pgleader/contrib/promleader"
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/group"
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 

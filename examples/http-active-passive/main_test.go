@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 )
 
 var shared testpg.Shared

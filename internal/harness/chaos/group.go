@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgleader/pgleader/group"
-	"github.com/pgleader/pgleader/internal/harness/testpg"
+	"github.com/pgleader/pgleader/internal/testpg"
 	"github.com/pgleader/pgleader/leader"
 )
 

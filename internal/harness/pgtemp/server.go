@@ -1,5 +1,5 @@
 // Package pgtemp starts throwaway PostgreSQL servers, for the CLI's demo
-// and bench, the examples and (through internal/harness/testpg) the tests, and
+// and bench, the examples and (through internal/testpg) the tests, and
 // injects the faults they need: terminated backends, fast and immediate
 // restarts, a streaming standby and its promotion, and a TCP proxy that
 // cuts or black-holes connections. It does not import testing.
