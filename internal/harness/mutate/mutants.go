@@ -724,4 +724,10 @@ var mutants = []mutant{
 		"      PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'unlock');\n    END IF;\n    PERFORM pg_temp.pgleader_gate_ours(NULL);",
 		"      NULL;\n    END IF;\n    PERFORM pg_temp.pgleader_gate_ours(NULL);",
 		"an heir's warm-up keeps its own name lock: no reservation for it can be taken, and a handover to it fails"},
+	{"warm-no-round", "internal/wire/lockconn/sql/handover.sql",
+		"    IF me IS NOT NULL THEN\n      PERFORM pg_temp.pgleader_wait(", "    IF me IS NULL THEN\n      PERFORM pg_temp.pgleader_wait(",
+		"an heir's warm-up runs no round: the wait's statements after a grant are planned at the session's first win, on the handover's path"},
+	{"warm-round-keeps-name", "internal/wire/lockconn/sql/handover.sql",
+		"current_setting('pgleader.owner', true), 1, me, gate, me);", "current_setting('pgleader.owner', true), 1, NULL, gate, me);",
+		"an heir's warm-up round keeps the name lock it won: no reservation for that heir can be taken, and a handover to it fails"},
 }

@@ -22,6 +22,14 @@ func (l *Lease) TakeSlot(t *Target, i int) error {
 	return nil
 }
 
+// HeirSlot is the heir slot the session holds for t (-1: none).
+func (l *Lease) HeirSlot(t *Target) int32 {
+	if l.f == nil || l.f.heir < 0 {
+		return -1
+	}
+	return l.f.slots[l.f.heir]
+}
+
 // SetReservationBinds shortens how long a reservation binds; it returns
 // the value before.
 func SetReservationBinds(d time.Duration) time.Duration {

@@ -331,9 +331,13 @@ func TestHeirWaitWhileLockWaitsAreLogged(t *testing.T) {
 // lock, taken and released at once when it is free, and left alone when
 // another session holds it (a reservation for this session: releasing a
 // lock it does not hold would log a WARNING, and taking it would block
-// the reservation). No line in the server's log either way.
+// the reservation). No line in the server's log either way. It also runs
+// an heir's round once on that name lock (the statements after a grant
+// are planned then, not at the session's first win): the free lock is
+// taken and released, the held one waited for 1 ms and left alone, and
+// the heir keeps its slot.
 func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
-	srv := testpg.Start(t, testpg.Options{})
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"track_functions=pl"}})
 	ctx := context.Background()
 	key := leader.KeyFromName(t.Name())
 	q := lockconn.Quiet{Wait: time.Minute, Poll: time.Minute, Heirs: 2, Lease: 60 * time.Second}
@@ -368,6 +372,48 @@ func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
 		}
 		return *v
 	}
+	// roundRun waits until the server's statistics show a call of the
+	// session's pgleader_wait (its warm-up's round: the test's sessions
+	// only poll). A statement of the session sends its statistics (at
+	// once from PostgreSQL 15 on, when asked to; before, at most every
+	// 500 ms).
+	roundRun := func(ls *lockconn.Lease) {
+		t.Helper()
+		var schema string
+		if err := ls.Conn().QueryRow(ctx, "SELECT nspname::text FROM pg_namespace WHERE oid = pg_my_temp_schema()").Scan(&schema); err != nil {
+			t.Fatal(err)
+		}
+		flush := "SELECT 1"
+		if lockconn.ServerMajor(ls.Conn()) >= 15 {
+			flush = "SELECT pg_stat_force_next_flush()"
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := ls.Conn().Exec(ctx, flush); err != nil {
+				t.Fatal(err)
+			}
+			var calls int64
+			if err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_user_functions
+				WHERE schemaname = $1 AND funcname = 'pgleader_wait'`, schema).Scan(&calls); err != nil {
+				t.Fatal(err)
+			}
+			if calls > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the heir's warm-up ran no round of pgleader_wait (schema %s)", schema)
+			}
+		}
+	}
+	slotHeld := func(ls *lockconn.Lease, lt *lockconn.Target) bool {
+		t.Helper()
+		var held bool
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
+			AND classid = $2::int8::oid AND objid = ($3::int8 & 4294967295)::oid AND objsubid = 2 AND granted)`,
+			int32(ls.PID()), int64(lockconn.Space), int64(ls.HeirSlot(lt))).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
 
 	// A reservation for the first heir holds its name lock.
 	var adminPID uint32
@@ -385,6 +431,10 @@ func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
 		t.Fatalf("with its name lock taken by another session, an heir's warm-up: name lock held by that session %v, by the heir %v; warm %q",
 			nameHeld("warm-heir-a", adminPID), nameHeld("warm-heir-a", a.PID()), warmed(a))
 	}
+	roundRun(a)
+	if !slotHeld(a, at) {
+		t.Fatal("after its warm-up, the first heir no longer holds its heir slot")
+	}
 
 	// The second heir's name lock is free: it takes it and releases it.
 	b, bt := quietSessionOn(t, srv, "warm-heir-b", key, q)
@@ -393,6 +443,10 @@ func TestHeirSlotWarmsTheGiveBack(t *testing.T) {
 	}
 	if nameHeld("warm-heir-b", b.PID()) || warmed(b) != "on" {
 		t.Fatalf("after its warm-up, the heir holds its own name lock: %v; warm %q", nameHeld("warm-heir-b", b.PID()), warmed(b))
+	}
+	roundRun(b)
+	if !slotHeld(b, bt) {
+		t.Fatal("after its warm-up, the second heir no longer holds its heir slot")
 	}
 	if added := srv.LogLines() - before; added != 0 {
 		t.Fatalf("the server logged %d lines:\n%s", added, srv.LogTail(added))
