@@ -4,13 +4,13 @@ module github.com/pgleader/pgleader/examples
 // runs, requires it. The library modules need only Go 1.25.
 go 1.26.0
 
-require github.com/pgleader/pgleader v0.0.0-20261202194110-27783af150e3
+require github.com/pgleader/pgleader v0.0.0-20261203232724-d9e24ba23b37
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/go-logr/logr v1.4.3
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader/contrib/gocronleader v0.0.0-20261202194110-27783af150e3
+	github.com/pgleader/pgleader/contrib/gocronleader v0.0.0-20261203232724-d9e24ba23b37
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c

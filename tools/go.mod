@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader v0.0.0-20261202194110-27783af150e3
+	github.com/pgleader/pgleader v0.0.0-20261203232724-d9e24ba23b37
 	golang.org/x/mod v0.39.0
 )
 

@@ -6,8 +6,8 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgleader/pgleader v0.0.0-20261202194110-27783af150e3
-	github.com/pgleader/pgleader/contrib/promleader v0.0.0-20261202194110-27783af150e3
+	github.com/pgleader/pgleader v0.0.0-20261203232724-d9e24ba23b37
+	github.com/pgleader/pgleader/contrib/promleader v0.0.0-20261203232724-d9e24ba23b37
 	github.com/prometheus/client_golang v1.24.0
 	go.uber.org/zap v1.28.0
 )

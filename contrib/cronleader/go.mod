@@ -3,7 +3,7 @@ module github.com/pgleader/pgleader/contrib/cronleader
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-20261202194110-27783af150e3
+	github.com/pgleader/pgleader v0.0.0-20261203232724-d9e24ba23b37
 	github.com/robfig/cron/v3 v3.0.1
 	go.uber.org/goleak v1.3.0
 )

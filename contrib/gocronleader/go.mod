@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/go-co-op/gocron/v2 v2.21.2
-	github.com/pgleader/pgleader v0.0.0-20261202194110-27783af150e3
+	github.com/pgleader/pgleader v0.0.0-20261203232724-d9e24ba23b37
 	go.uber.org/goleak v1.3.0
 )
 

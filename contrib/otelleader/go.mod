@@ -3,7 +3,7 @@ module github.com/pgleader/pgleader/contrib/otelleader
 go 1.25.0
 
 require (
-	github.com/pgleader/pgleader v0.0.0-20261202194110-27783af150e3
+	github.com/pgleader/pgleader v0.0.0-20261203232724-d9e24ba23b37
 	go.opentelemetry.io/otel v1.45.0
 	go.opentelemetry.io/otel/metric v1.45.0
 	go.opentelemetry.io/otel/sdk v1.45.0
