@@ -55,14 +55,25 @@ func TestShadowedBuiltinsDoNotElect(t *testing.T) {
 	}
 	first := rec.next("elected", "")
 	// Every follower stands (queues or watches) for several rounds: none
-	// may be elected while the first leads.
+	// may be elected while the first leads. Under load the first may miss
+	// its renew deadline and step down (OnDemoted, with ErrRenewDeadline or
+	// ErrConnectionLost); an heir then leads by right. Any other reason
+	// (the lock "lost", as when a shadowed pg_locks hides it) fails.
 	waitRounds(t, els, 4)
-	if n := rec.count("elected", first.id); n != 1 || twice.Load() {
-		t.Fatalf("%s elected %d times, two at once: %v", first.id, n, twice.Load())
+	if twice.Load() {
+		t.Fatalf("two OnElected ran at once: %s", rec.dump())
 	}
-	for _, rn := range els {
-		if rn.e.Identity() != first.id && rec.count("elected", rn.e.Identity()) > 0 {
-			t.Fatalf("%s was elected while %s led", rn.e.Identity(), first.id)
+	demoted := false
+	for _, ev := range rec.snapshot() {
+		switch {
+		case ev.kind == "demoted":
+			if !errors.Is(ev.reason, leader.ErrRenewDeadline) && !errors.Is(ev.reason, leader.ErrConnectionLost) {
+				t.Fatalf("%s stepped down with %v: %s", ev.id, ev.reason, rec.dump())
+			}
+			t.Logf("%s stepped down under load: %v", ev.id, ev.reason)
+			demoted = demoted || ev.id == first.id
+		case ev.kind == "elected" && ev.id != first.id && !demoted:
+			t.Fatalf("%s was elected while %s led: %s", ev.id, first.id, rec.dump())
 		}
 	}
 	leaders := 0
@@ -71,8 +82,8 @@ func TestShadowedBuiltinsDoNotElect(t *testing.T) {
 			leaders++
 		}
 	}
-	if leaders != 1 {
-		t.Fatalf("%d electors report IsLeader", leaders)
+	if leaders > 1 || leaders == 0 && !demoted {
+		t.Fatalf("%d electors report IsLeader: %s", leaders, rec.dump())
 	}
 }
 

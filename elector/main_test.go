@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,6 +111,32 @@ func (r *recorder) checkPairs() {
 			r.t.Errorf("%s: OnElected never followed by OnDemoted", id)
 		}
 	}
+}
+
+// snapshot is a copy of the events so far.
+func (r *recorder) snapshot() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+// dump lists the events so far, one per line, for a failure's message.
+func (r *recorder) dump() string {
+	var b strings.Builder
+	var t0 time.Time
+	for i, e := range r.snapshot() {
+		if i == 0 {
+			t0 = e.at
+		}
+		fmt.Fprintf(&b, "\n  %8.3fs %-9s %s", e.at.Sub(t0).Seconds(), e.kind, e.id)
+		if e.leader != "" {
+			fmt.Fprintf(&b, " leader %s", e.leader)
+		}
+		if e.reason != nil {
+			fmt.Fprintf(&b, " (%v)", e.reason)
+		}
+	}
+	return b.String()
 }
 
 // count counts the events of kind by id so far.
