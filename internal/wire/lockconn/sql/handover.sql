@@ -95,7 +95,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- (the wait's measure, the reservation's check, the slot's release):
 -- PL/pgSQL plans a statement when it first runs, and an heir's rounds
 -- that time out never reach them, so they would be planned at the
--- session's first win (about 0.25 ms more on a preference handover).
+-- session's first win (about 0.3 ms more on a preference handover or a
+-- crash failover, on a small VM).
 -- This runs each of them once now, on a lock that only this session uses,
 -- its own name lock (Space, me): first an heir's round on it, as its own
 -- heir slot (it takes the free lock at once and releases it as the slot),
