@@ -379,7 +379,7 @@ func (b *bencher) groupStanding(keys int, window time.Duration) error {
 	}
 	logs := b.srv.LogLinesOf("group-") - logs0
 	var watching int
-	b.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_temp.pgleader_ring(%' AND state = 'active'`).Scan(&watching)
+	b.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL pg_temp.pgleader_ring(%' AND state = 'active'`).Scan(&watching)
 	g.stop()
 	stopped = true
 	life := b.lifeLines(life0, "group-")

@@ -2,9 +2,14 @@ package lockconn_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
@@ -113,5 +118,209 @@ END $f$`, a, b)); err != nil {
 				t.Fatalf("%d server log lines from the heir's session:\n%s", n, server(t).LogTail(20))
 			}
 		})
+	}
+}
+
+// cancelAtRandom runs round n times, each with one cancel request sent to
+// conn's backend after a random delay between cancelAge and cancelAge
+// plus spread: the requests land inside the wait, as it ends, in its
+// handlers, and after the statement. None is sent sooner: one that
+// reaches the backend as the statement enters the procedure, before any
+// handler, is an ERROR no routine can catch, and pgleader sends none to a
+// wait younger than ringCancelAge (see cancelPlan). It returns how many rounds failed with query_canceled (a
+// request that landed outside the session routine's handlers, which the
+// server logs as an ERROR) and the first other error. Tests run several
+// at once: the load makes the server's two signals of one request (see
+// sql/quiet.sql) arrive apart, as on a busy machine.
+func cancelAtRandom(conn *pgx.Conn, n int, spread time.Duration, round func() error) (outside int, err error) {
+	return signalAtRandom(n, spread, round, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = conn.PgConn().CancelRequest(cctx)
+	})
+}
+
+// signalAtRandom is cancelAtRandom with send sending the cancel.
+func signalAtRandom(n int, spread time.Duration, round func() error, send func()) (outside int, err error) {
+	for range n {
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			time.Sleep(cancelAge + rand.N(spread))
+			send()
+		}()
+		rerr := round()
+		<-sent
+		switch {
+		case isQueryCanceled(rerr):
+			outside++
+		case rerr != nil:
+			return outside, rerr
+		}
+		// Let a request that arrived after the statement reach the idle
+		// backend, which ignores it, before the next round begins.
+		time.Sleep(time.Millisecond)
+	}
+	return outside, nil
+}
+
+func isQueryCanceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
+}
+
+// anyInstantSessions and anyInstantRounds: three sessions at once, 400
+// rounds each; each round's wait is anyInstantWait, and its cancel request
+// is sent at least cancelAge after the round (a few milliseconds: far
+// longer than a statement takes to enter the procedure).
+const (
+	anyInstantSessions, anyInstantRounds = 3, 400
+	anyInstantWait                       = 8 * time.Millisecond
+	cancelAge                            = 4 * time.Millisecond
+)
+
+// A cancel request reaches an heir's backend wherever its round is when it
+// arrives: the client stopping, or a new leader's wake that saw the heir
+// waiting (its wait may end just then). Wherever it lands once the
+// statement is in the procedure, the round
+// catches it: never an ERROR in the server's log (the quiet design
+// promises a fleet's start and stop without one) and never a failed
+// round. A wait called as a function by SELECT fails this (the executor
+// checks for a cancel once more after the function returned, outside its
+// handler), as does a handler a second signal of the same request can
+// land in unprotected.
+func TestCancelAtAnyInstantIsCaught(t *testing.T) {
+	heirsCancelledAtRandom(t, func(heir *lockconn.Lease) func() {
+		return func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = heir.Conn().PgConn().CancelRequest(cctx)
+		}
+	})
+}
+
+// The server signals a backend twice for one cancel request (the process,
+// then its process group), and a loaded machine delivers the second on its
+// own, often just as the first one's handler begins; a new leader's wake
+// (pg_cancel_backend, one signal) can also meet a stopping client's
+// request. Here two signals come at random instants a little apart, each
+// from pg_cancel_backend: the second lands in the handlers, which a block
+// of their own protects. Without it, rounds fail.
+func TestSecondSignalIsCaught(t *testing.T) {
+	heirsCancelledAtRandom(t, func(heir *lockconn.Lease) func() {
+		admin, err := server(t).Connect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Close(context.Background()) })
+		pid := int32(heir.PID())
+		return func() {
+			for i := range 2 {
+				if i == 1 {
+					time.Sleep(rand.N(300 * time.Microsecond))
+				}
+				_, _ = admin.Exec(context.Background(), "SELECT pg_cancel_backend($1)", pid)
+			}
+		}
+	})
+}
+
+// heirsCancelledAtRandom runs anyInstantSessions heirs' rounds on held
+// keys, each round with a cancel sendTo(heir) sends at a random instant
+// (see signalAtRandom), and requires every round answered busy (0) or
+// cancelled (7), and no line in the server's log.
+func heirsCancelledAtRandom(t *testing.T, sendTo func(heir *lockconn.Lease) func()) {
+	ctx := context.Background()
+	type result struct {
+		outside, busy, cancelled, other int
+		err                             error
+	}
+	results := make(chan result, anyInstantSessions)
+	for i := range anyInstantSessions {
+		key := leader.KeyFromName(fmt.Sprint(t.Name(), i))
+		q := lockconn.Quiet{Wait: anyInstantWait, Poll: time.Minute, Heirs: 2, Lease: 60 * time.Second}
+		ldr, lt := quietSession(t, "anyinstant-leader", key, q)
+		heir, target := quietSession(t, "anyinstant-heir", key, q)
+		if r, err := ldr.Campaign(ctx, lt, false); err != nil || !r.Held {
+			t.Fatalf("the first poll on a free lock: %+v %v", r, err)
+		}
+		if r, err := heir.Campaign(ctx, target, false); err != nil || r.Held || !heir.Heir(target) {
+			t.Fatalf("the second poll: %+v %v, heir %v", r, err, heir.Heir(target))
+		}
+		send := sendTo(heir)
+		go func() {
+			var res result
+			res.outside, res.err = signalAtRandom(anyInstantRounds, anyInstantWait, func() error {
+				code, _, err := heir.WaitRound(ctx, target)
+				switch {
+				case err != nil:
+				case code == 0:
+					res.busy++
+				case code == 7:
+					res.cancelled++
+				default:
+					res.other++
+				}
+				return err
+			}, send)
+			results <- res
+		}()
+	}
+	var outside, busy, cancelled int
+	for range anyInstantSessions {
+		r := <-results
+		if r.err != nil {
+			t.Error(r.err)
+		}
+		if r.other != 0 {
+			t.Errorf("%d rounds on a held key answered neither busy (0) nor cancelled (7)", r.other)
+		}
+		outside, busy, cancelled = outside+r.outside, busy+r.busy, cancelled+r.cancelled
+	}
+	t.Logf("rounds: %d busy, %d cancelled inside, %d failed", busy, cancelled, outside)
+	if outside != 0 {
+		t.Errorf("%d of %d heir's rounds failed with query_canceled: a cancel landed outside the wait's handlers", outside, anyInstantSessions*anyInstantRounds)
+	}
+	if n := server(t).LogLinesOf("anyinstant-heir"); n != 0 {
+		t.Fatalf("%d server log lines from the heirs' sessions:\n%s", n, server(t).LogTail(20))
+	}
+}
+
+// The same for the group's crash watch: a member stopping, or its
+// successor changing, cancels the watch's wait wherever it is. (Ring.Wait
+// turns a cancel that failed the statement into "not gone", so the
+// server's log is what tells.)
+func TestRingCancelAtAnyInstantIsCaught(t *testing.T) {
+	ctx := context.Background()
+	holder, err := server(t).Connect(ctx) // no lease: it holds the member lock, idle, for the whole test
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", lockconn.Space, lockconn.MemberLock(t.Name(), "m1")); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, anyInstantSessions)
+	for range anyInstantSessions {
+		ring, conn := newRing(t, "anyinstant-ring", anyInstantWait)
+		go func() {
+			var reported error
+			_, err := cancelAtRandom(conn, anyInstantRounds, anyInstantWait, func() error {
+				gone, err := ring.Wait(ctx, "m1", time.Second)
+				if err == nil && (gone == nil || *gone) && reported == nil {
+					reported = fmt.Errorf("a watch on a held member lock reports it gone (%v)", gone != nil)
+				}
+				return err
+			})
+			errs <- errors.Join(err, reported)
+		}()
+	}
+	for range anyInstantSessions {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if n := server(t).LogLinesOf("anyinstant-ring"); n != 0 {
+		t.Fatalf("%d server log lines from the watches' sessions:\n%s", n, server(t).LogTail(20))
 	}
 }

@@ -139,13 +139,14 @@ func (t *Target) Channel() string {
 }
 
 // The calls of a round: the key as pg_locks shows it, the session's pid
-// and token, then the round's own arguments. The wait's call also reads
-// how long a wait that was granted took, as the server measured it
-// (pgleader.waited_ms, set by the function; the FROM clause runs the
-// function before the select list reads the setting).
+// and token, then the round's own arguments. The wait is a procedure: it
+// answers its code and, for a grant, how long its wait took as the server
+// measured it; and a cancel request (the client stopping, a new leader's
+// wake) that lands anywhere in the statement is caught inside it (see
+// sql/quiet.sql: a function called by SELECT leaves a check after it
+// returns, where a cancel is an ERROR in the server's log).
 const (
-	waitCall = "SELECT w, coalesce(nullif(current_setting('pgleader.waited_ms', true), ''), '0')::float8 " +
-		"FROM pg_temp.pgleader_wait($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4, $7::int4, $8::int4, $9::int4) w"
+	waitCall = "CALL pg_temp.pgleader_wait($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4, $7::int4, $8::int4, $9::int4, NULL, NULL)"
 	pollCall = "SELECT pg_temp.pgleader_poll($1::oid, $2::oid, $3::int2, $4::int4, $5::text, $6::int4[], $7::int4, $8::int4, $9::int4)"
 )
 
@@ -284,7 +285,7 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int
 		parent := ctx
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
 		defer cancel()
-		defer l.cancelOnDone(parent, cancel)()
+		defer l.cancelOnDone(parent, cancel, time.Now(), f.Wait)()
 	} else {
 		f.nextPoll = time.Now().Add(f.Poll*3/4 + rand.N(f.Poll/4+1))
 	}
@@ -320,17 +321,31 @@ func grantedFrom(sent time.Time, waited time.Duration, now time.Time) time.Time 
 }
 
 // cancelOnDone sends the server one cancel request for the running
-// statement once parent ends; the session function catches it. Should the
-// statement still run cancelAgain later (the request reached the backend
-// before the statement did, and the server ignored it), it ends the round
-// (endRound: pgx then closes the connection, with a Terminate the backend
-// reads once its wait is over). The function it returns waits for a
-// request in flight, so that the request never reaches the session's next
-// statement.
-func (l *Lease) cancelOnDone(parent context.Context, endRound context.CancelFunc) func() {
-	finished, sent := make(chan struct{}), make(chan struct{})
+// statement, a wait of length wait sent at sent, once parent ends; the
+// session procedure catches it. As the crash watch does (see cancelPlan),
+// it sends none to a wait younger than ringCancelAge (it waits until the
+// wait is that old: a request that reaches the backend as the statement
+// enters the procedure, before any handler, is an ERROR the server logs)
+// and none to a wait that ends by itself within ringCancelMargin or an
+// eighth of its length. Should the statement still run cancelAgain after
+// the request (it reached the backend before the statement did, and the
+// server ignored it), it ends the round (endRound: pgx then closes the
+// connection, with a Terminate the backend reads once its wait is over).
+// The function it returns waits for a request in flight, so that the
+// request never reaches the session's next statement.
+func (l *Lease) cancelOnDone(parent context.Context, endRound context.CancelFunc, sent time.Time, wait time.Duration) func() {
+	finished, done := make(chan struct{}), make(chan struct{})
 	stop := context.AfterFunc(parent, func() {
-		defer close(sent)
+		defer close(done)
+		delay, send := cancelPlan(time.Since(sent), wait)
+		if !send {
+			return
+		}
+		select {
+		case <-finished:
+			return
+		case <-time.After(delay):
+		}
 		cctx, cancel := context.WithTimeout(context.Background(), cancelAgain)
 		defer cancel()
 		_ = l.conn.PgConn().CancelRequest(cctx)
@@ -343,7 +358,7 @@ func (l *Lease) cancelOnDone(parent context.Context, endRound context.CancelFunc
 	return func() {
 		close(finished)
 		if !stop() {
-			<-sent
+			<-done
 		}
 	}
 }

@@ -38,16 +38,16 @@ type Ring struct {
 }
 
 // A cancel request ends a wait only when it reaches the backend inside the
-// session function, whose exception block catches it (no log line). One
-// that arrives before the statement is ignored by the server (the wait
-// runs its length); one that arrives as the statement begins or ends,
-// outside the function's block, fails the statement with an ERROR the
-// server logs. So Cancel sends at most one request per wait, only to a
-// wait sent ringCancelAge ago or more (it reached the backend by then, on
-// any machine not paused), and none to a wait that ends by itself within
-// ringCancelMargin or an eighth of its length: a request then would gain
-// little and could arrive as the wait ends. A request that still arrives
-// outside the function costs the log line and nothing else (Wait clears
+// session procedure, whose handlers catch it (no log line). One that
+// arrives before the statement is ignored by the server (the wait runs its
+// length); one that arrives as the statement enters the procedure, before
+// its first handler, fails the statement with an ERROR the server logs.
+// So Cancel (and a stopping heir: see cancelOnDone) sends at most one
+// request per wait, only to a wait sent ringCancelAge ago or more (it
+// reached the backend by then, on any machine not paused), and none to a
+// wait that ends by itself within ringCancelMargin or an eighth of its
+// length: a request then would gain little. A request that still arrives
+// outside the procedure costs the log line and nothing else (Wait clears
 // the session and answers "not gone").
 var (
 	ringCancelAge    = 50 * time.Millisecond
@@ -97,7 +97,9 @@ func (r *Ring) Wait(ctx context.Context, target string, slack time.Duration) (go
 	}()
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.wait+slack)
 	defer cancel()
-	err = r.conn.QueryRow(wctx, statement("ring", "wait"), Space, MemberLock(r.group, target),
+	// A prepared statement: parsed anew for each wait, its start would
+	// give a cancel request more time to land before the procedure.
+	err = r.conn.QueryRow(wctx, statement("ring", "wait"), pgx.QueryExecModeCacheStatement, Space, MemberLock(r.group, target),
 		int32(max(1, r.wait.Milliseconds()))).Scan(&gone)
 	if err != nil && wctx.Err() == nil {
 		return r.cancelledOutside(wctx, err)

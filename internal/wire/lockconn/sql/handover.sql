@@ -104,12 +104,15 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- this session holds it, the round's 1 ms wait ends caught, without a log
 -- line, and the try fails: nothing is taken or released. Last, a lookup
 -- that matches nothing.
+DECLARE
+  code int;
+  waited float8;
 BEGIN
   IF current_setting('pgleader.warm', true) IS DISTINCT FROM 'on' THEN
     PERFORM pg_temp.pgleader_reserved(gate, me);
     IF me IS NOT NULL THEN
-      PERFORM pg_temp.pgleader_wait(1885817928, me::oid, 2::int2, pg_backend_pid(),
-        current_setting('pgleader.owner', true), 1, me, gate, me);
+      CALL pg_temp.pgleader_wait(1885817928, me::oid, 2::int2, pg_backend_pid(),
+        current_setting('pgleader.owner', true), 1, me, gate, me, code, waited);
     END IF;
     IF pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'try') THEN
       PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'unlock');
