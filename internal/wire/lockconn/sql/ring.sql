@@ -9,8 +9,9 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- gone; hold nothing on return. lock_not_available is caught (no line in
 -- the server's log). NULL on a standby. A procedure called by CALL, with
 -- every statement inside a block that catches a cancel, and its handler
--- inside another (see pgleader_wait in quiet.sql): a cancel request lands
--- nowhere the server would log it.
+-- inside another (see pgleader_wait in quiet.sql): once the statement is
+-- in the procedure, a cancel request lands nowhere the server would log
+-- it (Cancel sends none sooner: see ring.go).
 BEGIN
   BEGIN
     IF pg_is_in_recovery() THEN
