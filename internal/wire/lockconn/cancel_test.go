@@ -126,12 +126,13 @@ END $f$`, a, b)); err != nil {
 // plus spread: the requests land inside the wait, as it ends, in its
 // handlers, and after the statement. None is sent sooner: one that
 // reaches the backend as the statement enters the procedure, before any
-// handler, is an ERROR no routine can catch, and pgleader sends none to a
-// wait younger than ringCancelAge (see cancelPlan). It returns how many rounds failed with query_canceled (a
-// request that landed outside the session routine's handlers, which the
-// server logs as an ERROR) and the first other error. Tests run several
-// at once: the load makes the server's two signals of one request (see
-// sql/quiet.sql) arrive apart, as on a busy machine.
+// handler, is an ERROR no routine can catch, and pgleader sends none to
+// a wait younger than ringCancelAge (see cancelPlan). It returns how many
+// rounds failed with query_canceled (a request that landed outside the
+// session routine's handlers, which the server logs as an ERROR) and the
+// first other error. Tests run several at once: the load makes the
+// server's two signals of one request (see sql/quiet.sql) arrive apart,
+// as on a busy machine.
 func cancelAtRandom(conn *pgx.Conn, n int, spread time.Duration, round func() error) (outside int, err error) {
 	return signalAtRandom(n, spread, round, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
