@@ -121,36 +121,50 @@ END $f$`, a, b)); err != nil {
 	}
 }
 
-// cancelAtRandom runs round n times, each with one cancel request sent to
-// conn's backend after a random delay between cancelAge and cancelAge
-// plus spread: the requests land inside the wait, as it ends, in its
-// handlers, and after the statement. None is sent sooner: one that
-// reaches the backend as the statement enters the procedure, before any
-// handler, is an ERROR no routine can catch, and pgleader sends none to
-// a wait younger than ringCancelAge (see cancelPlan). It returns how many
-// rounds failed with query_canceled (a request that landed outside the
-// session routine's handlers, which the server logs as an ERROR) and the
-// first other error. Tests run several at once: the load makes the
-// server's two signals of one request (see sql/quiet.sql) arrive apart,
-// as on a busy machine.
-func cancelAtRandom(conn *pgx.Conn, n int, spread time.Duration, round func() error) (outside int, err error) {
-	return signalAtRandom(n, spread, round, func() {
+// cancelAtRandom runs round n times on conn, each with one cancel request
+// sent to its backend at a random instant once the backend waits for a
+// lock (obs sees it queued in pg_locks; a round that ends first gets
+// none): the requests land inside the wait, as it ends, in its handlers,
+// and after the statement. None lands sooner: one that reaches the
+// backend as the statement enters the procedure, before any handler, is
+// an ERROR no routine can catch, and pgleader sends none to a wait younger
+// than ringCancelAge (see cancelPlan), nor wakes a backend it did not see
+// waiting. It returns how many rounds failed with query_canceled (a
+// request that landed outside the session routine's handlers, which the
+// server logs as an ERROR) and the first other error. Tests run several
+// at once: the load makes the server's two signals of one request (see
+// sql/quiet.sql) arrive apart, as on a busy machine.
+func cancelAtRandom(obs, conn *pgx.Conn, n int, spread time.Duration, round func() error) (outside int, err error) {
+	return signalAtRandom(obs, conn.PgConn().PID(), n, spread, round, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = conn.PgConn().CancelRequest(cctx)
 	})
 }
 
-// signalAtRandom is cancelAtRandom with send sending the cancel.
-func signalAtRandom(n int, spread time.Duration, round func() error, send func()) (outside int, err error) {
+// signalAtRandom is cancelAtRandom for backend pid, with send sending the
+// cancel.
+func signalAtRandom(obs *pgx.Conn, pid uint32, n int, spread time.Duration, round func() error, send func()) (outside int, err error) {
 	for range n {
-		sent := make(chan struct{})
+		roundDone, sent := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(sent)
-			time.Sleep(cancelAge + rand.N(spread))
+			for {
+				var waiting bool
+				if err := obs.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE pid = $1 AND NOT granted)", int32(pid)).Scan(&waiting); err == nil && waiting {
+					break
+				}
+				select {
+				case <-roundDone:
+					return
+				case <-time.After(200 * time.Microsecond):
+				}
+			}
+			time.Sleep(rand.N(spread))
 			send()
 		}()
 		rerr := round()
+		close(roundDone)
 		<-sent
 		switch {
 		case isQueryCanceled(rerr):
@@ -171,27 +185,23 @@ func isQueryCanceled(err error) bool {
 }
 
 // anyInstantSessions and anyInstantRounds: three sessions at once, 400
-// rounds each; each round's wait is anyInstantWait, and its cancel request
-// is sent at least cancelAge after the round (a few milliseconds: far
-// longer than a statement takes to enter the procedure).
+// rounds each; each round's wait is anyInstantWait.
 const (
 	anyInstantSessions, anyInstantRounds = 3, 400
 	anyInstantWait                       = 8 * time.Millisecond
-	cancelAge                            = 4 * time.Millisecond
 )
 
 // A cancel request reaches an heir's backend wherever its round is when it
 // arrives: the client stopping, or a new leader's wake that saw the heir
 // waiting (its wait may end just then). Wherever it lands once the
-// statement is in the procedure, the round
-// catches it: never an ERROR in the server's log (the quiet design
-// promises a fleet's start and stop without one) and never a failed
-// round. A wait called as a function by SELECT fails this (the executor
+// statement is in the procedure, the round catches it: never an ERROR in
+// the server's log (the quiet design promises a fleet's start and stop
+// without one) and never a failed round. A wait called as a function by SELECT fails this (the executor
 // checks for a cancel once more after the function returned, outside its
 // handler), as does a handler a second signal of the same request can
 // land in unprotected.
 func TestCancelAtAnyInstantIsCaught(t *testing.T) {
-	heirsCancelledAtRandom(t, func(heir *lockconn.Lease) func() {
+	heirsCancelledAtRandom(t, "anyinstant", func(heir *lockconn.Lease) func() {
 		return func() {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -208,7 +218,7 @@ func TestCancelAtAnyInstantIsCaught(t *testing.T) {
 // from pg_cancel_backend: the second lands in the handlers, which a block
 // of their own protects. Without it, rounds fail.
 func TestSecondSignalIsCaught(t *testing.T) {
-	heirsCancelledAtRandom(t, func(heir *lockconn.Lease) func() {
+	heirsCancelledAtRandom(t, "secondsignal", func(heir *lockconn.Lease) func() {
 		admin, err := server(t).Connect(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -230,7 +240,7 @@ func TestSecondSignalIsCaught(t *testing.T) {
 // keys, each round with a cancel sendTo(heir) sends at a random instant
 // (see signalAtRandom), and requires every round answered busy (0) or
 // cancelled (7), and no line in the server's log.
-func heirsCancelledAtRandom(t *testing.T, sendTo func(heir *lockconn.Lease) func()) {
+func heirsCancelledAtRandom(t *testing.T, app string, sendTo func(heir *lockconn.Lease) func()) {
 	ctx := context.Background()
 	type result struct {
 		outside, busy, cancelled, other int
@@ -240,8 +250,13 @@ func heirsCancelledAtRandom(t *testing.T, sendTo func(heir *lockconn.Lease) func
 	for i := range anyInstantSessions {
 		key := leader.KeyFromName(fmt.Sprint(t.Name(), i))
 		q := lockconn.Quiet{Wait: anyInstantWait, Poll: time.Minute, Heirs: 2, Lease: 60 * time.Second}
-		ldr, lt := quietSession(t, "anyinstant-leader", key, q)
-		heir, target := quietSession(t, "anyinstant-heir", key, q)
+		ldr, lt := quietSession(t, app+"-leader", key, q)
+		heir, target := quietSession(t, app+"-heir", key, q)
+		obs, err := server(t).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { obs.Close(context.Background()) })
 		if r, err := ldr.Campaign(ctx, lt, false); err != nil || !r.Held {
 			t.Fatalf("the first poll on a free lock: %+v %v", r, err)
 		}
@@ -251,7 +266,7 @@ func heirsCancelledAtRandom(t *testing.T, sendTo func(heir *lockconn.Lease) func
 		send := sendTo(heir)
 		go func() {
 			var res result
-			res.outside, res.err = signalAtRandom(anyInstantRounds, anyInstantWait, func() error {
+			res.outside, res.err = signalAtRandom(obs, heir.PID(), anyInstantRounds, anyInstantWait, func() error {
 				code, _, err := heir.WaitRound(ctx, target)
 				switch {
 				case err != nil:
@@ -282,7 +297,7 @@ func heirsCancelledAtRandom(t *testing.T, sendTo func(heir *lockconn.Lease) func
 	if outside != 0 {
 		t.Errorf("%d of %d heir's rounds failed with query_canceled: a cancel landed outside the wait's handlers", outside, anyInstantSessions*anyInstantRounds)
 	}
-	if n := server(t).LogLinesOf("anyinstant-heir"); n != 0 {
+	if n := server(t).LogLinesOf(app + "-heir"); n != 0 {
 		t.Fatalf("%d server log lines from the heirs' sessions:\n%s", n, server(t).LogTail(20))
 	}
 }
@@ -304,9 +319,14 @@ func TestRingCancelAtAnyInstantIsCaught(t *testing.T) {
 	errs := make(chan error, anyInstantSessions)
 	for range anyInstantSessions {
 		ring, conn := newRing(t, "anyinstant-ring", anyInstantWait)
+		obs, err := server(t).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { obs.Close(context.Background()) })
 		go func() {
 			var reported error
-			_, err := cancelAtRandom(conn, anyInstantRounds, anyInstantWait, func() error {
+			_, err := cancelAtRandom(obs, conn, anyInstantRounds, anyInstantWait, func() error {
 				gone, err := ring.Wait(ctx, "m1", time.Second)
 				if err == nil && (gone == nil || *gone) && reported == nil {
 					reported = fmt.Errorf("a watch on a held member lock reports it gone (%v)", gone != nil)
