@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
@@ -167,7 +166,7 @@ func signalAtRandom(obs *pgx.Conn, pid uint32, n int, spread time.Duration, roun
 		close(roundDone)
 		<-sent
 		switch {
-		case isQueryCanceled(rerr):
+		case lockconn.IsCancelled(rerr):
 			outside++
 		case rerr != nil:
 			return outside, rerr
@@ -177,11 +176,6 @@ func signalAtRandom(obs *pgx.Conn, pid uint32, n int, spread time.Duration, roun
 		time.Sleep(time.Millisecond)
 	}
 	return outside, nil
-}
-
-func isQueryCanceled(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
 // anyInstantSessions and anyInstantRounds: three sessions at once, 400
@@ -196,10 +190,10 @@ const (
 // waiting (its wait may end just then). Wherever it lands once the
 // statement is in the procedure, the round catches it: never an ERROR in
 // the server's log (the quiet design promises a fleet's start and stop
-// without one) and never a failed round. A wait called as a function by SELECT fails this (the executor
-// checks for a cancel once more after the function returned, outside its
-// handler), as does a handler a second signal of the same request can
-// land in unprotected.
+// without one) and never a failed round. A wait called as a function by
+// SELECT fails this (the executor checks for a cancel once more after the
+// function returned, outside its handler), as does a handler a second
+// signal of the same request can land in unprotected.
 func TestCancelAtAnyInstantIsCaught(t *testing.T) {
 	heirsCancelledAtRandom(t, "anyinstant", func(heir *lockconn.Lease) func() {
 		return func() {

@@ -44,6 +44,9 @@ func (l *Lease) Lookups() int { return l.lookups }
 // CancelPlan is the crash watch's cancel decision.
 var CancelPlan = cancelPlan
 
+// IsCancelled reports a statement ended by a cancel request.
+var IsCancelled = isCancelled
+
 // CancelledOutside is Wait's answer to an error of its statement.
 func (r *Ring) CancelledOutside(ctx context.Context, err error) (*bool, error) {
 	return r.cancelledOutside(ctx, err)

@@ -257,8 +257,9 @@ func (l *Lease) quietCampaign(ctx context.Context, t *Target) (Round, error) {
 // runRound calls the heir's wait or the watcher's poll, and returns its
 // answer. An heir's wait is not interrupted by closing the connection
 // (ctx's usual effect in pgx): when ctx ends, a cancel request ends the
-// server's wait, which the function catches (no line in the server's log),
-// and the round returns as a busy one (see cancelOnDone). Otherwise only
+// server's wait (once it is 50 ms old, unless it ends by itself soon: see
+// cancelOnDone), which the procedure catches (no line in the server's
+// log), and the round returns as a busy one. Otherwise only
 // its client-side deadline, Wait plus Slack (a silent network), closes the
 // connection.
 func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int32, waited time.Duration, err error) {
