@@ -80,8 +80,9 @@ throwaway server.
 	idle := fs.Duration("idle", time.Minute, "duration of the idle scenario")
 	crowdInterval := fs.Duration("crowd-interval", 0, "RenewInterval of the crowd's candidates (0: the default, 1s); RenewDeadline and the lease scale with it")
 	asJSON := fs.Bool("json", false, "print JSON")
-	loadSizes := fs.String("dbload-sizes", "3,20,200", "fleet sizes of the dbload scenario (electors on one key, in this process)")
+	loadSizes := fs.String("dbload-sizes", "3,20,200", "fleet sizes of the dbload scenario (electors on one key, in this process; empty: none)")
 	loadWindow := fs.Duration("dbload-window", 20*time.Second, "how long dbload measures each fleet's server CPU and log lines")
+	loadSettle := fs.Duration("dbload-settle", 2*time.Second, "how long dbload lets each fleet stand before it measures its standing cost (a start has costs of its own)")
 	loadPairs := fs.Int("dbload-pairs", 5, "alternated pgbench pairs (without, with the fleet) per fleet size")
 	loadLeaders := fs.Int("dbload-leaders", 200, "leaders, each on a key of its own, for dbload's renew cost (0: skip)")
 	loadKeyed := fs.Int("dbload-keyed", 100, "keys, each with 3 electors (a leader and two heirs), for dbload's cost of separate Electors per key (0: skip)")
@@ -105,13 +106,16 @@ throwaway server.
 	progress := stderr
 	var sizes []int
 	for _, f := range strings.Split(*loadSizes, ",") {
+		if *loadSizes == "" {
+			break // none: only the leaders' and the keys' fleets
+		}
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
 			return usageError{msg: fmt.Sprintf("--dbload-sizes: %q is not a fleet size", f)}
 		}
 		sizes = append(sizes, n)
 	}
-	maxConns := max(*crowd, slices.Max(sizes), *loadLeaders, 3**loadKeyed) + 40
+	maxConns := max(*crowd, slices.Max(append([]int{0}, sizes...)), *loadLeaders, 3**loadKeyed) + 40
 	opts := pgtemp.Options{MaxConnections: maxConns}
 	if strings.Contains(*scen, "group") {
 		// The lock table must hold the largest group's keys twice over
@@ -155,7 +159,7 @@ throwaway server.
 			case "prefer":
 				err = b.prefer(b.runs)
 			case "dbload":
-				err = b.dbload(sizes, *loadLeaders, *loadKeyed, *loadWindow, *loadPairs)
+				err = b.dbload(sizes, *loadLeaders, *loadKeyed, *loadWindow, *loadSettle, *loadPairs)
 			case "group":
 				resigns := *groupResigns
 				if resigns == 0 {

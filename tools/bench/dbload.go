@@ -23,7 +23,7 @@ import (
 // (the throwaway server's only); and pgbench -S throughput with and without
 // the fleet, alternated in pairs so drift cancels, with a 3-elector fleet's
 // ratio as the noise reference.
-func (b *bencher) dbload(sizes []int, leaders, keyed int, window time.Duration, pairs int) error {
+func (b *bencher) dbload(sizes []int, leaders, keyed int, window, settle time.Duration, pairs int) error {
 	measure := func(scen, what string, n int, keys int) error {
 		// Log lines count over the fleet's whole life too: its start (the
 		// campaigns, the first election), its standing, and its stop (every
@@ -33,7 +33,7 @@ func (b *bencher) dbload(sizes []int, leaders, keyed int, window time.Duration, 
 		if err != nil {
 			return err
 		}
-		time.Sleep(2 * time.Second) // the first rounds done
+		time.Sleep(settle) // the first rounds done
 		var locks int
 		_ = b.admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_catalog.pg_locks").Scan(&locks)
 		// The window in three slices, and the median slice's CPU: a
@@ -74,8 +74,12 @@ func (b *bencher) dbload(sizes []int, leaders, keyed int, window time.Duration, 
 			b.add(scen, fmt.Sprintf("server log lines in all in %s (checkpoints too)", window), "lines", "", []float64{float64(all)})
 			b.add(scen, "server log lines from the fleet, from its start to its stop", "lines", "0", []float64{float64(life)})
 		}
-		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f), %d log lines from the fleet (%d in all) in %s; %d from its start to its stop; %d locks in pg_locks\n",
-			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], logs, all, window, life, locks)
+		// The mean too: a fleet's rounds can come in waves (electors
+		// started together keep their phase), which a median of slices
+		// shorter than a wave's period would miss or count twice.
+		mean := (cpus[0] + cpus[1] + cpus[2]) / 3
+		fmt.Fprintf(b.out, "bench: %s (%s): server CPU %.2f%% of a core (median of %.2f, %.2f, %.2f; mean %.2f), %d log lines from the fleet (%d in all) in %s; %d from its start to its stop; %d locks in pg_locks\n",
+			scen, what, 100*cpu, 100*cpus[0], 100*cpus[1], 100*cpus[2], 100*mean, logs, all, window, life, locks)
 		return nil
 	}
 	for _, n := range sizes {
