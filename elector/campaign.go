@@ -96,6 +96,7 @@ func (e *Elector) serve(ctx context.Context, ls lease) error {
 func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (won, proven bool, sent time.Time, err error) {
 	sent = time.Now()
 	wait := max(e.cfg.RenewInterval, time.Duration(e.roundWait.Load()))
+	e.waitForRank(ls)
 	rctx, cancel := context.WithDeadline(ctx, sent.Add(wait+e.cfg.RenewDeadline))
 	defer cancel()
 	r, err := ls.Campaign(rctx, e.target, false)
@@ -110,8 +111,7 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 	case r.Free, r.Holder == "" && r.HolderPID != 0 && r.HolderPID != e.leaderPID:
 		// Nobody leads, or a session with no name holds the lock (not an
 		// elector this one can name): no leader, and no callback for that.
-		empty := ""
-		e.leaderID.Store(&empty)
+		e.leaderID.Store(new(string))
 		e.leaderPID = 0
 	case r.Holder != "":
 		e.setLeader(r.Holder)

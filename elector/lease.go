@@ -49,6 +49,7 @@ type handoverLease interface {
 	Unreserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) (string, error)
 	DropReservation(ctx context.Context, t *lockconn.Target, to string) error
 	SendRank(ctx context.Context, t *lockconn.Target, leaderPID uint32, r lockconn.Rank) error
+	ShortenWait(t *lockconn.Target, d time.Duration)
 	Candidate(ctx context.Context, t *lockconn.Target, pid uint32) (name string, ok bool, err error)
 }
 
@@ -173,20 +174,35 @@ func (e *Elector) watch(ctx context.Context, ls *lockconn.Lease) error {
 // does the election wait for a watcher's poll.
 const heirs = lockconn.DefaultHeirs
 
-// heirWait is how long an heir's round waits for the lock: LeaseDuration,
-// so that an heir between handovers costs the server about what a watcher
-// does (one round per LeaseDuration), where a wait kept under
-// deadlock_timeout cost a round every 0.8 s. A waiter is granted the lock
-// the moment it is released, whatever the round length; a new leader ends
-// its heirs' waits once it has announced itself (lockconn's wake), and a
-// stopping heir's wait is cancelled. Past deadlock_timeout the server runs
-// its deadlock detector once per wait (one walk of this lock's few
-// waiters); while the server's log_lock_waits is on, which would log each
-// such wait, the session function keeps the wait under deadlock_timeout
-// instead (see lockconn.Quiet).
+// heirWait is how long an heir's round waits for the lock: heirWaitLeases
+// times LeaseDuration, so that an heir between handovers costs the server
+// about what a watcher does. A waiter is granted the lock the moment it is
+// released, whatever the round length; a new leader ends its heirs' waits
+// once it has announced itself (lockconn's wake), and a stopping heir's
+// wait is cancelled. Past deadlock_timeout the server runs its deadlock
+// detector once per wait (one walk of this lock's few waiters); while the
+// server's log_lock_waits is on, which would log each such wait, the
+// session function keeps the wait under deadlock_timeout instead (see
+// lockconn.Quiet).
 func (e *Elector) heirWait() time.Duration {
-	return max(e.cfg.LeaseDuration, time.Millisecond)
+	return max(heirWaitLeases*e.cfg.LeaseDuration, time.Millisecond)
 }
+
+// heirWaitLeases is an heir's wait in LeaseDurations. A round wakes the
+// server three times (the call, deadlock_timeout's detector, the
+// lock_timeout), where a watcher's poll wakes it once per LeaseDuration.
+// Measured on a 2-core VM (docs/benchmarks.md), per backend: an heir
+// waiting 6 s cost the server 241 µs of a core a second, one waiting 18 s
+// 173 µs, a watcher polling every 6 s 149 µs; and 100 keys × 3 Electors
+// cost 3.7–4.75 % of a core with 6 s waits, 2.0–2.6 % with 18 s (the
+// leaders' renews alone 1.3–1.9 %). What a longer wait costs in time, it
+// costs only where nothing else ends it: a silent network (no answer
+// within the wait plus RenewDeadline; the key's other heir and its
+// watchers still stand), and a new leader whose role may not signal the
+// heir (lockconn's wake), which its heirs then learn of at their round's
+// end. Neither touches a handover: the grant ends the wait. A ranked heir
+// ends its wait when its rank is due to be told again (see rankDue).
+const heirWaitLeases = 3
 
 // spread is how soon watchers refill an heir slot a new leader freed (see
 // lockconn.Quiet.Spread): an heir's wait before waits could outlast

@@ -72,6 +72,9 @@ const (
 	// twice as long each time, up to rankResendMax.
 	rankResend    = time.Second
 	rankResendMax = 30 * time.Second
+	// rankDueMargin: an heir's round shortened to a telling's due time
+	// (see rankDue) ends this much after it, and lasts at least as long.
+	rankDueMargin = 100 * time.Millisecond
 )
 
 // heardRank records a rank a candidate told this leader.
@@ -368,6 +371,30 @@ func (e *Elector) tellRank(ls lease, leaderPID uint32) {
 	defer cancel()
 	if err := ls.SendRank(ctx, e.target, leaderPID, lockconn.Rank{Priority: e.cfg.Priority, Version: e.cfg.Version}); err != nil {
 		e.log.Debug("could not tell the leader this candidate's rank", zap.Error(err))
+	}
+}
+
+// rankDue reports when tellRank will next tell the leader this candidate's
+// rank, if it will: the second telling, and any later one while the
+// candidate ranks above the leader. An heir's rounds (three
+// LeaseDurations each) end at that time, so that a rank the leader did
+// not hear (one sent before it listened) is told again on time.
+func (e *Elector) rankDue() (time.Time, bool) {
+	switch {
+	case !e.cfg.ranked() || e.rankTo == 0 || e.rankTo != uint32(e.leaderPID):
+		return time.Time{}, false
+	case e.rankGap != rankResend && !e.outranksLeader():
+		return time.Time{}, false
+	}
+	return e.rankSent.Add(e.rankGap), true
+}
+
+// waitForRank ends the next round, when it is an heir's wait, once the
+// candidate's rank is due to be told again: an heir tells it only between
+// rounds (see tellRank).
+func (e *Elector) waitForRank(ls lease) {
+	if due, ok := e.rankDue(); ok {
+		ls.ShortenWait(e.target, max(time.Until(due)+rankDueMargin, rankDueMargin))
 	}
 }
 

@@ -30,14 +30,20 @@ func serverLog(srv *testpg.Server) []string {
 func waitRounds(t *testing.T, els []*running, n int) {
 	t.Helper()
 	for _, rn := range els {
-		start := rn.e.Status().LastRound
-		count, last := 0, start
-		eventually(t, rn.e.Identity()+" runs its rounds", func() (bool, string) {
+		// An heir's round is a lock wait of three LeaseDurations: n of
+		// them may take longer than waitLong.
+		within := waitLong + time.Duration(n)*elector.HeirWait(rn.e)
+		deadline := time.Now().Add(within)
+		count, last := 0, rn.e.Status().LastRound
+		for count < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s runs its rounds: %d of %d within %s", rn.e.Identity(), count, n, within)
+			}
 			if lr := rn.e.Status().LastRound; lr.After(last) {
 				count, last = count+1, lr
 			}
-			return count >= n, ""
-		})
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }
 
@@ -205,9 +211,9 @@ func TestDefaultRoleIsQuiet(t *testing.T) {
 	}
 }
 
-// An heir's round waits LeaseDuration (the session function cuts it while
-// the server logs lock waits: TestHeirWaitWhileLockWaitsAreLogged). The
-// watchers' refill spread is four fifths of deadlock_timeout, at most
+// An heir's round waits three LeaseDurations (the session function cuts
+// it while the server logs lock waits: TestHeirWaitWhileLockWaitsAreLogged).
+// The watchers' refill spread is four fifths of deadlock_timeout, at most
 // RenewDeadline.
 func TestHeirWaitAndSpread(t *testing.T) {
 	e, err := elector.New(elector.Config{
@@ -218,8 +224,8 @@ func TestHeirWaitAndSpread(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := elector.HeirWait(e); got != 6*time.Second {
-		t.Errorf("heir wait %s, want LeaseDuration", got)
+	if got := elector.HeirWait(e); got != 18*time.Second {
+		t.Errorf("heir wait %s, want three LeaseDurations", got)
 	}
 	for _, tt := range []struct{ deadlock, want time.Duration }{
 		{time.Second, 800 * time.Millisecond},

@@ -160,6 +160,8 @@ func (s *scriptLease) Candidate(context.Context, *lockconn.Target, uint32) (stri
 
 func (s *scriptLease) Record(context.Context, string, ...any) error { return nil }
 
+func (s *scriptLease) ShortenWait(*lockconn.Target, time.Duration) {}
+
 func (s *scriptLease) SendRank(context.Context, *lockconn.Target, uint32, lockconn.Rank) error {
 	s.record("rank")
 	return nil
@@ -382,6 +384,9 @@ func (noHandover) Unreserve(context.Context, *lockconn.Target, string, time.Dura
 func (noHandover) DropReservation(context.Context, *lockconn.Target, string) error {
 	return nil
 }
+
+func (noHandover) ShortenWait(*lockconn.Target, time.Duration) {}
+
 func (noHandover) SendRank(context.Context, *lockconn.Target, uint32, lockconn.Rank) error {
 	return nil
 }

@@ -52,6 +52,9 @@ type follower struct {
 	// candidate; it waits before queueing again.
 	pauseUntil time.Time
 	gate, me   int32 // the key's gate lock and this session's name lock
+	// shortWait, when not zero, bounds the next heir's wait (see
+	// Lease.ShortenWait).
+	shortWait time.Duration
 
 	// What the server proved of the holder, by a lookup in pg_locks (an
 	// announcement only triggers one): its backend pid (0: unknown, or

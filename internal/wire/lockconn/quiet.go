@@ -269,13 +269,18 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int
 		gate = &f.gate
 	}
 	sql, args := f.pollSQL, []any{l.mode(), t.ClassID, t.ObjID, t.ObjSubID, int32(l.sess.PID), l.sess.Token, f.slots, f.lease(), gate, f.me}
+	wait := f.Wait
+	if waiting && f.shortWait > 0 {
+		wait = min(wait, f.shortWait)
+	}
+	f.shortWait = 0 // for this round only
 	if waiting {
 		var slot *int32
 		if f.heir >= 0 {
 			slot = &f.slots[f.heir]
 		}
-		sql, args = f.waitSQL, []any{l.mode(), t.ClassID, t.ObjID, t.ObjSubID, int32(l.sess.PID), l.sess.Token, int32(max(1, f.Wait.Milliseconds())), slot, gate, f.me}
-		dl := time.Now().Add(f.Wait + f.Slack)
+		sql, args = f.waitSQL, []any{l.mode(), t.ClassID, t.ObjID, t.ObjSubID, int32(l.sess.PID), l.sess.Token, int32(max(1, wait.Milliseconds())), slot, gate, f.me}
+		dl := time.Now().Add(wait + f.Slack)
 		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 			dl = d
 		}
@@ -286,7 +291,7 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int
 		parent := ctx
 		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
 		defer cancel()
-		defer l.cancelOnDone(parent, cancel, time.Now(), f.Wait)()
+		defer l.cancelOnDone(parent, cancel, time.Now(), wait)()
 	} else {
 		f.nextPoll = time.Now().Add(f.Poll*3/4 + rand.N(f.Poll/4+1))
 	}
@@ -297,7 +302,7 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int
 	}
 	if err := l.conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		if waiting && ctx.Err() == context.DeadlineExceeded {
-			return 0, 0, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, f.Wait, f.Slack, err)
+			return 0, 0, fmt.Errorf("%w: no answer to an heir's round within its lock wait (%s) plus %s: %w", ErrConnectionLost, wait, f.Slack, err)
 		}
 		return 0, 0, Pooling(err)
 	}
@@ -532,6 +537,16 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// ShortenWait bounds the wait of t's next round on this session to d,
+// when that round is an heir's wait (it is forgotten otherwise): the
+// elector ends a wait early when a ranked candidate's rank is due to be
+// told again, which it can only do between rounds.
+func (l *Lease) ShortenWait(t *Target, d time.Duration) {
+	if l.f != nil && d > 0 {
+		l.f.shortWait = d
+	}
 }
 
 // Heir reports whether this session queues on t's lock (holds one of its
