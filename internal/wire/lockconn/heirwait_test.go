@@ -675,3 +675,28 @@ func TestUnreserveLetsGoOfAGoneCandidate(t *testing.T) {
 		t.Fatal("the leader still holds the key's gate after Unreserve")
 	}
 }
+
+// ShortenWait bounds the next heir's wait only: the round after it waits
+// its whole Wait again. The server's lock_timeout never ends a wait
+// early, so the second round's lower bound is exact; the first round's
+// bound leaves the machine seconds of slack.
+func TestShortenWaitBoundsOneRound(t *testing.T) {
+	ctx := context.Background()
+	const wait = 8 * time.Second
+	_, heir, target := heirWaitSetup(t, server(t), wait)
+	heir.ShortenWait(target, 200*time.Millisecond)
+	began := time.Now()
+	if code, _, err := heir.WaitRound(ctx, target); err != nil || code != 0 {
+		t.Fatalf("the shortened round: code %d, %v; want busy", code, err)
+	}
+	if took := time.Since(began); took >= wait/2 {
+		t.Fatalf("the shortened round took %s; want about 200ms", took)
+	}
+	began = time.Now()
+	if code, _, err := heir.WaitRound(ctx, target); err != nil || code != 0 {
+		t.Fatalf("the next round: code %d, %v; want busy", code, err)
+	}
+	if took := time.Since(began); took < wait {
+		t.Fatalf("the round after the shortened one took %s; want its whole wait (%s)", took, wait)
+	}
+}
