@@ -295,3 +295,61 @@ func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
 	next := r.next("elected", "")
 	t.Logf("after the leader %s and both heirs lost their sessions, %s was elected", first.id, next.id)
 }
+
+// An heir behind a silent network (a black-holed proxy: nothing answers,
+// the socket stays open) gives its round up at the round's client-side
+// deadline, its lock wait (HeirWait) plus RenewDeadline from when it sent
+// the round, and reconnects: not sooner (a deadline inside the wait would
+// end healthy heirs' waits with a reconnect) and not much later (no
+// deadline would leave it waiting for ever). The round's start is the
+// server's query_start of the heir's backend, read after the black-hole,
+// when no later round can reach the server.
+func TestHeirBehindSilentNetworkGivesUp(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	lead := start(t, r, opts{dsn: srv.DSN(), key: key, id: "sn-leader"})
+	r.next("elected", "sn-leader")
+	proxy := newProxy(t, srv)
+	obs := &giveUpObserver{at: make(chan time.Time, 1)}
+	const deadline = time.Second
+	heir := startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "sn-heir", deadline: deadline},
+		func(c *elector.Config) { c.Observer = obs })
+	waitWaiter(t, srv, key, "sn-heir")
+	proxy.Blackhole()
+	defer proxy.Heal()
+	var began time.Time
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := mustConn(t, srv).QueryRow(ctx, `SELECT query_start FROM pg_stat_activity WHERE application_name = 'sn-heir'`).Scan(&began); err != nil {
+		t.Fatal(err)
+	}
+	gaveUp := recv(t, obs.at, "the heir's give-up")
+	want := elector.HeirWait(heir.e) + deadline
+	took := gaveUp.Sub(began)
+	t.Logf("the heir gave up %s after its round began (its wait plus RenewDeadline: %s)", took, want)
+	if took < want-300*time.Millisecond {
+		t.Errorf("gave up %s after the round began, before its wait plus RenewDeadline (%s)", took, want)
+	}
+	if took > want+3*time.Second {
+		t.Errorf("gave up %s after the round began, long after its wait plus RenewDeadline (%s)", took, want)
+	}
+	if !lead.e.IsLeader() {
+		t.Error("the leader stopped leading while its heir was cut off")
+	}
+}
+
+// giveUpObserver reports when a connection was first given up as lost.
+type giveUpObserver struct {
+	leader.NopObserver
+	at chan time.Time
+}
+
+func (o *giveUpObserver) Reconnecting(_ leader.Key, _ string, _ int, _ time.Duration, err error) {
+	if errors.Is(err, leader.ErrConnectionLost) {
+		select {
+		case o.at <- time.Now():
+		default:
+		}
+	}
+}
