@@ -457,3 +457,22 @@ func TestOwnsAcceptsTheOwnersSuccessor(t *testing.T) {
 		}
 	}
 }
+
+// anyTenure is tenures() > 0, for every phase a key can be in.
+func TestAnyTenure(t *testing.T) {
+	for _, phases := range [][]phase{
+		{}, {phaseFree}, {phaseEnding}, {phaseFree, phaseEnding},
+		{phaseLeading}, {phaseHanding}, {phaseFree, phaseEnding, phaseHanding}, {phaseEnding, phaseLeading, phaseFree},
+	} {
+		st := &state{keys: map[tag]*keyState{}}
+		for i, p := range phases {
+			st.keys[tag{C: 1, O: uint32(i), S: 2}] = &keyState{phase: p}
+		}
+		if got, want := st.anyTenure(), st.tenures() > 0; got != want {
+			t.Errorf("phases %v: anyTenure %v, want %v", phases, got, want)
+		}
+		if want := slices.Contains(phases, phaseLeading) || slices.Contains(phases, phaseHanding); st.anyTenure() != want {
+			t.Errorf("phases %v: anyTenure %v, want %v", phases, st.anyTenure(), want)
+		}
+	}
+}

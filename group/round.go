@@ -34,7 +34,7 @@ const (
 func (g *Group) round(ctx context.Context, w wire, kind roundKind) error {
 	sent := time.Now()
 	g.mu.Lock()
-	leading := g.st.tenures() > 0
+	leading := g.st.anyTenure()
 	if kind == lightRound && !sent.Before(g.st.trustEnd) && leading {
 		kind = fullRound // the keys are in doubt: only a full round may go on
 	}

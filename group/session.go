@@ -80,7 +80,7 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 			return err
 		}
 		g.mu.Lock()
-		done := g.st.stopping && g.st.tenures() == 0
+		done := g.st.stopping && !g.st.anyTenure()
 		next := began.Add(g.cfg.RenewInterval)
 		if g.soon {
 			// A member the crash watch reported gone was still listed:
