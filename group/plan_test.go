@@ -476,3 +476,30 @@ func TestAnyTenure(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPlan is one round's plan for a member of three that leads its
+// share of n keys: a light round (a resign's, on both sides of the
+// hand-over), and a full round just after another member was reported
+// gone (a failover: every key is assigned again, to two members).
+func BenchmarkPlan(b *testing.B) {
+	for _, n := range []int{1000, 100000} {
+		f := newFixture(n, "b", "a", "b", "c")
+		for _, k := range f.mine() {
+			f.lead(k, phaseLeading, false)
+		}
+		b.Run(fmt.Sprintf("light/keys=%d", n), func(b *testing.B) {
+			in := input{now: t0}
+			for b.Loop() {
+				plan(f.st, in)
+			}
+		})
+		b.Run(fmt.Sprintf("gone/keys=%d", n), func(b *testing.B) {
+			in := input{now: t0, full: true}
+			f.st.members = []string{"a", "b"}
+			defer func() { f.st.members = []string{"a", "b", "c"} }()
+			for b.Loop() {
+				plan(f.st, in)
+			}
+		})
+	}
+}
