@@ -53,10 +53,17 @@ func eventually(t testing.TB, what string, cond func() (bool, string)) {
 // only worked out when it fails (a server read, say).
 func eventuallyExplained(t testing.TB, what string, cond func() bool, detail func() string) {
 	t.Helper()
-	deadline := time.Now().Add(waitLong)
+	eventuallyWithin(t, what, waitLong, cond, detail)
+}
+
+// eventuallyWithin is eventuallyExplained bounded by within instead of
+// waitLong, for waits that grow with the electors' timings.
+func eventuallyWithin(t testing.TB, what string, within time.Duration, cond func() bool, detail func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s (%s)", what, waitLong, detail())
+			t.Fatalf("%s: not within %s (%s)", what, within, detail())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

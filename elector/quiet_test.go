@@ -32,18 +32,13 @@ func waitRounds(t *testing.T, els []*running, n int) {
 	for _, rn := range els {
 		// An heir's round is a lock wait of three LeaseDurations: n of
 		// them may take longer than waitLong.
-		within := waitLong + time.Duration(n)*elector.HeirWait(rn.e)
-		deadline := time.Now().Add(within)
 		count, last := 0, rn.e.Status().LastRound
-		for count < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s runs its rounds: %d of %d within %s", rn.e.Identity(), count, n, within)
-			}
+		eventuallyWithin(t, rn.e.Identity()+" runs its rounds", waitLong+time.Duration(n)*elector.HeirWait(rn.e), func() bool {
 			if lr := rn.e.Status().LastRound; lr.After(last) {
 				count, last = count+1, lr
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return count >= n
+		}, func() string { return fmt.Sprintf("%d of %d", count, n) })
 	}
 }
 
@@ -311,7 +306,7 @@ func TestHeirBehindSilentNetworkGivesUp(t *testing.T) {
 	lead := start(t, r, opts{dsn: srv.DSN(), key: key, id: "sn-leader"})
 	r.next("elected", "sn-leader")
 	proxy := newProxy(t, srv)
-	obs := &giveUpObserver{at: make(chan time.Time, 1)}
+	obs := newErrObserver()
 	const deadline = time.Second
 	heir := startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "sn-heir", deadline: deadline},
 		func(c *elector.Config) { c.Observer = obs })
@@ -324,7 +319,8 @@ func TestHeirBehindSilentNetworkGivesUp(t *testing.T) {
 	if err := mustConn(t, srv).QueryRow(ctx, `SELECT query_start FROM pg_stat_activity WHERE application_name = 'sn-heir'`).Scan(&began); err != nil {
 		t.Fatal(err)
 	}
-	gaveUp := recv(t, obs.at, "the heir's give-up")
+	obs.waitFor(t, leader.ErrConnectionLost, 1)
+	gaveUp, _ := obs.firstAt(leader.ErrConnectionLost)
 	want := elector.HeirWait(heir.e) + deadline
 	took := gaveUp.Sub(began)
 	t.Logf("the heir gave up %s after its round began (its wait plus RenewDeadline: %s)", took, want)
@@ -336,20 +332,5 @@ func TestHeirBehindSilentNetworkGivesUp(t *testing.T) {
 	}
 	if !lead.e.IsLeader() {
 		t.Error("the leader stopped leading while its heir was cut off")
-	}
-}
-
-// giveUpObserver reports when a connection was first given up as lost.
-type giveUpObserver struct {
-	leader.NopObserver
-	at chan time.Time
-}
-
-func (o *giveUpObserver) Reconnecting(_ leader.Key, _ string, _ int, _ time.Duration, err error) {
-	if errors.Is(err, leader.ErrConnectionLost) {
-		select {
-		case o.at <- time.Now():
-		default:
-		}
 	}
 }

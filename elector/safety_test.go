@@ -370,11 +370,12 @@ func TestRunReturnsPermanentErrors(t *testing.T) {
 	})
 }
 
-// errObserver counts reconnects by cause.
+// errObserver counts reconnects by cause, and keeps when each came.
 type errObserver struct {
 	leader.NopObserver
 	mu      sync.Mutex
 	errs    []error
+	ats     []time.Time
 	changed chan struct{}
 }
 
@@ -382,7 +383,7 @@ func newErrObserver() *errObserver { return &errObserver{changed: make(chan stru
 
 func (o *errObserver) Reconnecting(_ leader.Key, _ string, _ int, _ time.Duration, err error) {
 	o.mu.Lock()
-	o.errs = append(o.errs, err)
+	o.errs, o.ats = append(o.errs, err), append(o.ats, time.Now())
 	close(o.changed)
 	o.changed = make(chan struct{})
 	o.mu.Unlock()
@@ -399,6 +400,18 @@ func (o *errObserver) count(target error) int {
 		}
 	}
 	return n
+}
+
+// firstAt is when the first reconnect whose cause matches target came.
+func (o *errObserver) firstAt(target error) (time.Time, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, err := range o.errs {
+		if errors.Is(err, target) {
+			return o.ats[i], true
+		}
+	}
+	return time.Time{}, false
 }
 
 // waitFor waits until n reconnects match target.
