@@ -77,76 +77,102 @@ type assignment struct {
 // done, and takes what is this member's and free. A round that did not
 // scan goes by the tenures as held and the last members; a light round
 // also keeps the holds and the pending resigns for the next full round.
+//
+// Its cost is one walk of the keys, reading each key's state in place (no
+// map is built per key: see BenchmarkPlan), plus the scan's held keys when
+// it scanned; a full round, or one that assigns again, first walks the
+// keys for their holds.
 func plan(st *state, in input) actions {
 	var a actions
-	held, members, ranks := in.held, in.members, in.ranks
+	members, ranks := in.members, in.ranks
 	if !in.scanned {
-		held, members, ranks = map[tag]bool{}, st.members, st.ranks
-		for k, ks := range st.keys {
-			if ks.phase == phaseLeading || ks.phase == phaseHanding {
-				held[k] = true
-			}
-		}
-		for k := range st.extra {
-			held[k] = true
-		}
+		members, ranks = st.members, st.ranks
 	}
 	// The keys go to the best-ranked members only (all of them when none
 	// is ranked): the others stand by.
 	members, _ = eligible(members, ranks)
-	lost := map[tag]bool{}
-	if in.scanned {
-		for k, ks := range st.keys {
-			if (ks.phase == phaseLeading || ks.phase == phaseHanding) && !held[k] {
-				a.lost = append(a.lost, k)
-				lost[k] = true
-			}
-		}
-	}
-	holds := map[tag]resignHold{}
-	for k, ks := range st.keys {
-		if h := ks.hold; h.set() {
-			if in.now.After(h.until) {
-				a.expired = append(a.expired, k)
-			} else {
-				holds[k] = h
-			}
-		}
+	// A light round that keeps the last assignment (every round of a
+	// resign) needs no list of the holds: its walk drops the expired ones.
+	// Any round that may assign again has it (planAssignment's condition
+	// holds only where listed does).
+	var holds map[tag]resignHold
+	listed := in.full || st.rekey || !slices.Equal(members, st.assigned)
+	if listed {
+		holds = planHolds(st, in, &a)
 	}
 	a.broadcast = planBroadcast(st, in, members, holds)
 	mine := planAssignment(st, in, members, holds, &a)
 	for k, ks := range st.keys {
-		if (ks.phase != phaseLeading && ks.phase != phaseHanding) || lost[k] {
-			continue
+		if h := ks.hold; !listed && h.set() && in.now.After(h.until) {
+			a.expired = append(a.expired, k)
 		}
-		planTenure(st, in, k, ks, mine[k], holds, members, &a)
-	}
-	planLeftovers(st, held, mine, &a)
-	for k := range mine {
-		if h, ok := holds[k]; ok && h.member == st.me {
-			continue // resigned, or returned by itself: not taken back yet
-		}
-		if ks := st.keys[k]; !held[k] && ks.phase != phaseEnding && !lost[k] && (in.scanned || !st.doubt[k]) {
+		tenured := ks.phase == phaseLeading || ks.phase == phaseHanding
+		switch held := isHeld(st, in, k, ks); {
+		case tenured && !held:
+			// Only a scan says a tenure's lock is gone: the key is lost.
+			a.lost = append(a.lost, k)
+		case tenured:
+			planTenure(st, in, k, ks, mine.of(k, ks), members, &a)
+		case mine.of(k, ks) && !held && ks.phase != phaseEnding && (in.scanned || !st.doubt[k]):
+			if h, ok := activeHold(ks, in.now); ok && h.member == st.me {
+				continue // resigned, or returned by itself: not taken back yet
+			}
 			a.want = append(a.want, k)
 		}
 	}
+	planLeftovers(st, in, mine, &a)
 	return a
+}
+
+// isHeld reports whether the session holds k's lock: as the scan found
+// it, or, between scans, by its tenure or as a lock won without one (see
+// state.extra).
+func isHeld(st *state, in input, k tag, ks *keyState) bool {
+	if in.scanned {
+		return in.held[k]
+	}
+	return ks.phase == phaseLeading || ks.phase == phaseHanding || st.extra[k]
+}
+
+// activeHold returns k's resign hold unless there is none or it expired.
+func activeHold(ks *keyState, now time.Time) (resignHold, bool) {
+	h := ks.hold
+	return h, h.set() && !now.After(h.until)
+}
+
+// planHolds returns the resign holds still running (nil when none), and
+// puts those past their time in a.expired.
+func planHolds(st *state, in input, a *actions) map[tag]resignHold {
+	var holds map[tag]resignHold
+	for k, ks := range st.keys {
+		switch h, ok := activeHold(ks, in.now); {
+		case ok:
+			if holds == nil {
+				holds = map[tag]resignHold{}
+			}
+			holds[k] = h
+		case h.set():
+			a.expired = append(a.expired, k)
+		}
+	}
+	return holds
 }
 
 // planLeftovers decides the locks held without a tenure (won in a round
 // that failed after the grant, or by an exchange that met a full lock
-// table): adopted when this member's and not ending, else released.
-func planLeftovers(st *state, held, mine map[tag]bool, a *actions) {
-	unlocking := map[tag]bool{}
-	for _, k := range a.unlock {
-		unlocking[k] = true
+// table): adopted when this member's and not ending, else released. A
+// scan lists them among the keys held; between scans they are st.extra.
+func planLeftovers(st *state, in input, mine ownership, a *actions) {
+	held := st.extra
+	if in.scanned {
+		held = in.held
 	}
 	for k := range held {
 		ks := st.keys[k]
-		if ks != nil && (ks.phase == phaseLeading || ks.phase == phaseHanding) || unlocking[k] {
-			continue
+		if ks != nil && (ks.phase == phaseLeading || ks.phase == phaseHanding) {
+			continue // a tenure: planTenure's
 		}
-		if mine[k] && (ks == nil || ks.phase != phaseEnding) {
+		if ks != nil && mine.of(k, ks) && ks.phase != phaseEnding {
 			a.adopt = append(a.adopt, k)
 		} else {
 			a.unlock = append(a.unlock, k)
@@ -176,46 +202,55 @@ func planBroadcast(st *state, in input, members []string, holds map[tag]resignHo
 	return out
 }
 
+// ownership says which keys this member leads from now on: a new
+// assignment's, or the last assignment's plus the keys resigned to this
+// member (as each key's state has them); none once it stops.
+type ownership struct {
+	none bool
+	// assigned: a new assignment, whose keys of this member are mine;
+	// else the key states say.
+	assigned bool
+	mine     map[tag]bool
+}
+
+func (o ownership) of(k tag, ks *keyState) bool {
+	switch {
+	case o.none:
+		return false
+	case o.assigned:
+		return o.mine[k]
+	default:
+		return ks.mine || ks.gift && ks.inSet
+	}
+}
+
 // planAssignment assigns again when the keys or the members changed, and
 // at a full round when the holds did; between, a round goes by the last
 // assignment, plus the keys resigned to this member (a hand-over does not
 // wait for an assignment). It returns the keys this member leads from
 // now on: none once it stops.
-func planAssignment(st *state, in input, members []string, holds map[tag]resignHold, a *actions) map[tag]bool {
-	mine := map[tag]bool{}
+func planAssignment(st *state, in input, members []string, holds map[tag]resignHold, a *actions) ownership {
 	if st.rekey || !slices.Equal(members, st.assigned) || in.full && (st.dirty || len(a.expired) > 0) {
 		owner := assign(st.order, members, holds)
 		a.assign = &assignment{owner: owner, members: members, mine: map[tag]bool{}}
 		if me := slices.Index(members, st.me); me >= 0 {
+			a.assign.mine = make(map[tag]bool, len(owner)/len(members)+1) // about its share
 			for i, o := range owner {
 				if o == me {
 					a.assign.mine[st.order[i]] = true
 				}
 			}
 		}
-		if st.stopping {
-			return mine
-		}
-		for k := range a.assign.mine {
-			mine[k] = true
-		}
-		return mine // an assignment clears the gifts
+		// An assignment clears the gifts.
+		return ownership{none: st.stopping, assigned: true, mine: a.assign.mine}
 	}
-	if st.stopping {
-		return mine
-	}
-	for k, ks := range st.keys {
-		if ks.mine || ks.gift && ks.inSet {
-			mine[k] = true
-		}
-	}
-	return mine
+	return ownership{none: st.stopping}
 }
 
 // planTenure decides one tenure: hand it over when it is no longer this
 // member's or its OnElected returned, and release it once handed over and
 // done (or past ReleaseTimeout).
-func planTenure(st *state, in input, k tag, ks *keyState, mine bool, holds map[tag]resignHold, members []string, a *actions) {
+func planTenure(st *state, in input, k tag, ks *keyState, mine bool, members []string, a *actions) {
 	t := ks.tenure
 	handing, reason, releaseAt := ks.phase == phaseHanding, t.reason, t.releaseAt
 	returned := t.returned()
@@ -237,7 +272,7 @@ func planTenure(st *state, in input, k tag, ks *keyState, mine bool, holds map[t
 	}
 	a.unlock = append(a.unlock, k)
 	a.released = append(a.released, k)
-	if h, ok := holds[k]; ok && h.member == st.me && errors.Is(reason, leader.ErrResigned) {
+	if h, ok := activeHold(ks, in.now); ok && h.member == st.me && errors.Is(reason, leader.ErrResigned) {
 		a.toSuccessors = append(a.toSuccessors, resignedMessage(st.me, k, successorOf(k, members, st.me)))
 	}
 }

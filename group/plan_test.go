@@ -353,6 +353,32 @@ func TestPlanHoldBlocksWantBeforeReassign(t *testing.T) {
 	}
 }
 
+// A light round that assigns again (the keys changed) keeps a running
+// resign hold: the key stays away from the member that resigned it, which
+// would not take it back (it would go unled until the hold expired).
+func TestPlanLightRoundAssignsWithHolds(t *testing.T) {
+	f := newFixture(8, "a", "a", "b")
+	k := f.mine()[0]
+	f.st.keys[k].hold = resignHold{member: "a", until: t0.Add(time.Second)}
+	set := map[tag]leader.Key{}
+	for _, key := range f.keys {
+		set[key] = f.st.keys[key].key
+	}
+	extra := leader.KeyFromName("plan/extra")
+	set[tagOf(extra)] = extra
+	f.st.setKeys(set)
+	a := planPure(t, f.st, input{now: t0})
+	if a.assign == nil {
+		t.Fatal("the keys changed, no assignment")
+	}
+	if a.assign.mine[k] {
+		t.Fatalf("a light round's assignment gives %v back to the member whose resign of it is held", k)
+	}
+	if slices.Contains(a.want, k) || len(a.expired) != 0 {
+		t.Fatalf("want %v, expired %v: the held key is wanted or its hold expired", a.want, a.expired)
+	}
+}
+
 // gift: a key resigned to this member is taken at once, before an
 // assignment gives it; an assignment clears gifts.
 func TestPlanTakesGifts(t *testing.T) {
