@@ -7,6 +7,7 @@
 //	go run ./internal/harness/mutate -only drain-without-renew,trust-from-reply
 //	go run ./internal/harness/mutate -chaos 60s           # survivors also face a chaos run
 //	go run ./internal/harness/mutate -list
+//	go run ./internal/harness/mutate -compile             # does every planted bug still build?
 //
 // It first runs the suite on the unmutated copy: a red baseline voids the
 // run. Each mutant runs only the unit packages whose test binaries contain
@@ -37,6 +38,7 @@ func main() {
 	chaos := flag.Duration("chaos", 0, "also run TestChaos this long against each survivor")
 	list := flag.Bool("list", false, "list the mutants and exit")
 	timeout := flag.Duration("timeout", 10*time.Minute, "bound on one test run")
+	compile := flag.Bool("compile", false, "only build (and vet, as go test does) each mutant's package with its tests, running none: lists the planted bugs that no longer build")
 	flag.Parse()
 	if *list {
 		for _, m := range mutants {
@@ -44,14 +46,23 @@ func main() {
 		}
 		return
 	}
-	if err := run(*only, *chaos, *timeout); err != nil {
+	var err error
+	if *compile {
+		err = compileAll(*only, *timeout)
+	} else {
+		err = run(*only, *chaos, *timeout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "mutate:", err)
 		os.Exit(1)
 	}
 }
 
-func run(only string, chaos, timeout time.Duration) error {
-	chosen := mutants
+// plant copies the module to a temporary directory (the caller removes
+// it) and returns it with the chosen mutants, each checked to apply
+// exactly once before anything runs.
+func plant(only string) (work string, chosen []mutant, err error) {
+	chosen = mutants
 	if only != "" {
 		want := map[string]bool{}
 		for _, id := range strings.Split(only, ",") {
@@ -65,30 +76,73 @@ func run(only string, chaos, timeout time.Duration) error {
 			}
 		}
 		if len(want) > 0 {
-			return fmt.Errorf("unknown mutant IDs: %v", want)
+			return "", nil, fmt.Errorf("unknown mutant IDs: %v", want)
 		}
 	}
 	root, err := moduleRoot()
 	if err != nil {
-		return err
+		return "", nil, err
 	}
-	work, err := os.MkdirTemp("", "pgleader-mutate-")
+	if work, err = os.MkdirTemp("", "pgleader-mutate-"); err != nil {
+		return "", nil, err
+	}
+	if err := copyTree(root, work); err != nil {
+		os.RemoveAll(work)
+		return "", nil, err
+	}
+	for _, m := range chosen {
+		b, err := os.ReadFile(filepath.Join(work, m.File))
+		if err == nil {
+			if n := bytes.Count(b, []byte(m.Old)); n != 1 {
+				err = fmt.Errorf("%q occurs %d times in %s, want once", m.Old, n, m.File)
+			}
+		}
+		if err != nil {
+			os.RemoveAll(work)
+			return "", nil, fmt.Errorf("%s: %w", m.ID, err)
+		}
+	}
+	return work, chosen, nil
+}
+
+// compileAll builds each mutant's package with its tests (and go test's
+// vet), the mutant planted alone, and runs no test: a planted bug that no
+// longer builds, because the code it quotes was reshaped around it, tests
+// nothing, and a full run reports it only as it reaches it.
+func compileAll(only string, timeout time.Duration) error {
+	work, chosen, err := plant(only)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(work)
-	if err := copyTree(root, work); err != nil {
+	began, stillborn := time.Now(), 0
+	for _, m := range chosen {
+		path := filepath.Join(work, m.File)
+		orig, _ := os.ReadFile(path)
+		os.WriteFile(path, bytes.Replace(orig, []byte(m.Old), []byte(m.New), 1), 0o644)
+		// Its own package, with its tests: a bug that builds there builds
+		// in every package that imports it (the bugs change no API).
+		// -exec true: the test binary is built, never run.
+		own := "./" + filepath.ToSlash(ownDir(m.File))
+		if out, ok := goTest(work, timeout, "-run", "^$", "-exec", "true", own); !ok {
+			stillborn++
+			fmt.Printf("%-30s stillborn  %s\n", m.ID, firstFailure(out))
+		}
+		os.WriteFile(path, orig, 0o644)
+	}
+	fmt.Printf("%d of %d planted bugs build (%s)\n", len(chosen)-stillborn, len(chosen), time.Since(began).Round(time.Second))
+	if stillborn > 0 {
+		return fmt.Errorf("%d planted bugs do not build: fix them", stillborn)
+	}
+	return nil
+}
+
+func run(only string, chaos, timeout time.Duration) error {
+	work, chosen, err := plant(only)
+	if err != nil {
 		return err
 	}
-	for _, m := range chosen { // every mutant must apply before anything runs
-		b, err := os.ReadFile(filepath.Join(work, m.File))
-		if err != nil {
-			return fmt.Errorf("%s: %w", m.ID, err)
-		}
-		if n := bytes.Count(b, []byte(m.Old)); n != 1 {
-			return fmt.Errorf("%s: %q occurs %d times in %s, want once", m.ID, m.Old, n, m.File)
-		}
-	}
+	defer os.RemoveAll(work)
 	began := time.Now()
 	fmt.Printf("baseline: ")
 	if out, ok := goTest(work, timeout, unitPackages...); !ok {

@@ -550,7 +550,7 @@ var mutants = []mutant{
 		"leader := q.leaderPID != 0 && int32(n.PID) == q.leaderPID", "leader := true",
 		"followers believe any session's reservation and queue on the lock (a flood queues them all)"},
 	{"announcement-believed", "elector/observe.go",
-		"\t\tcase n.Payload == \"\" && o.holderPID != 0 && n.PID == o.holderPID:", "\t\tcase n.Payload != \"\":\n\t\t\to.report(n.Payload)\n\t\tcase n.Payload == \"\" && o.holderPID != 0 && n.PID == o.holderPID:",
+		"\t\tcase n.Payload == \"\" && o.holderPID != 0 && n.PID == o.holderPID:", "\t\tcase n.Payload != \"\":\n\t\t\to.report(leader.Proclamation{Identity: n.Payload})\n\t\tcase n.Payload == \"\" && o.holderPID != 0 && n.PID == o.holderPID:",
 		"Observe reports an announcement's payload, which any role can send"},
 	{"gate-any-role", "internal/wire/lockconn/sql/handover.sql",
 		"      AND l.granted AND l.mode = 'ExclusiveLock'\n      AND a.usesysid = (SELECT usesysid FROM pg_stat_get_activity(pg_backend_pid())));", "      AND l.granted AND l.mode = 'ExclusiveLock');",
