@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
 )
@@ -110,6 +111,9 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 		return g.resignHeard(m, sender, n.Channel == g.myChannel)
 	}
 	g.stats.dropped++
+	if ce := g.log.Check(zap.DebugLevel, "group message dropped"); ce != nil {
+		ce.Write(zap.Uint32("sender_pid", n.PID), zap.String("sender", sender), zap.String("payload", n.Payload))
+	}
 	return 0, false
 }
 
@@ -135,6 +139,7 @@ func (g *Group) resignHeard(m lockconn.GroupMessage, sender string, direct bool)
 		return 0, false
 	}
 	if !direct && (ks.phase == phaseLeading || ks.hold.set() && m.To == g.cfg.Identity) {
+		g.log.Debug("a resign's group copy is old news here", zap.String("from", sender), zap.Stringer("key", ks.key), zap.String("to", m.To))
 		return 0, false
 	}
 	ks.hold = resignHold{member: sender, until: time.Now().Add(10 * g.cfg.RenewInterval)}

@@ -315,6 +315,11 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 			}
 		}
 		resigns = append(resigns, ms(at-r0))
+		// A resign that waits for a later round (half an interval or more)
+		// is named, for the members' debug logs (PGLEADER_FLEET_LOGDIR).
+		if took := at - r0; time.Duration(took) >= interval/2 {
+			fmt.Fprintf(b.out, "bench: group resign %d: %s's resign of %s took %.1f ms to its new leader\n", run+1, m, key, ms(took))
+		}
 	}
 	g.stop()
 	g.drain()
