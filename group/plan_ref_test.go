@@ -3,7 +3,6 @@ package group
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -138,11 +137,6 @@ func normalized(a actions) actions {
 	}
 	if len(a.handOver) == 0 {
 		a.handOver = nil
-	}
-	for _, h := range a.handOver {
-		if !errors.Is(h.reason, leader.ErrResigned) && !errors.Is(h.reason, leader.ErrCallbackReturned) {
-			panic(fmt.Sprint("unexpected reason ", h.reason))
-		}
 	}
 	return a
 }
