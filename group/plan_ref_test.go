@@ -182,7 +182,7 @@ func refPlan(st *state, in input) actions {
 			}
 		}
 	}
-	a.broadcast = refPlanBroadcast(st, in, members, holds)
+	a.broadcast = planBroadcast(st, in, members, holds) // the rewrite left it as it was
 	mine := refPlanAssignment(st, in, members, holds, &a)
 	for k, ks := range st.keys {
 		if (ks.phase != phaseLeading && ks.phase != phaseHanding) || lost[k] {
@@ -202,7 +202,7 @@ func refPlan(st *state, in input) actions {
 	return a
 }
 
-// planLeftovers decides the locks held without a tenure (won in a round
+// refPlanLeftovers decides the locks held without a tenure (won in a round
 // that failed after the grant, or by an exchange that met a full lock
 // table): adopted when this member's and not ending, else released.
 func refPlanLeftovers(st *state, held, mine map[tag]bool, a *actions) {
@@ -223,29 +223,7 @@ func refPlanLeftovers(st *state, held, mine map[tag]bool, a *actions) {
 	}
 }
 
-// planBroadcast: a full round tells the group of the resigns told to their
-// successors alone; and when the members changed, of this member's resigns
-// still held (a member that joined since has not heard of them, and would
-// assign those keys back to this member, which would not take them).
-func refPlanBroadcast(st *state, in input, members []string, holds map[tag]resignHold) []lockconn.GroupMessage {
-	if !in.full {
-		return nil
-	}
-	out := slices.Clone(st.pending)
-	if slices.Equal(members, st.assigned) {
-		return out
-	}
-	for k, h := range holds {
-		if h.member == st.me {
-			if next := successorOf(k, members, st.me); next != "" {
-				out = append(out, resignedMessage(st.me, k, next))
-			}
-		}
-	}
-	return out
-}
-
-// planAssignment assigns again when the keys or the members changed, and
+// refPlanAssignment assigns again when the keys or the members changed, and
 // at a full round when the holds did; between, a round goes by the last
 // assignment, plus the keys resigned to this member (a hand-over does not
 // wait for an assignment). It returns the keys this member leads from
@@ -281,7 +259,7 @@ func refPlanAssignment(st *state, in input, members []string, holds map[tag]resi
 	return mine
 }
 
-// planTenure decides one tenure: hand it over when it is no longer this
+// refPlanTenure decides one tenure: hand it over when it is no longer this
 // member's or its OnElected returned, and release it once handed over and
 // done (or past ReleaseTimeout).
 func refPlanTenure(st *state, in input, k tag, ks *keyState, mine bool, holds map[tag]resignHold, members []string, a *actions) {
