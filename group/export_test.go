@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
 )
 
 // OnFullRound makes g call f on its session before each full round: a seam
@@ -19,4 +20,9 @@ func OnFullRound(g *Group, f func(ctx context.Context, conn *pgx.Conn)) {
 			f(ctx, m.Conn())
 		}
 	}
+}
+
+// SuccessorOf is the member that gets key when me resigns it, among members.
+func SuccessorOf(key leader.Key, members []string, me string) string {
+	return successorOf(tagOf(key), members, me)
 }

@@ -78,11 +78,14 @@ func (g *Group) stop(reason error) {
 // heard handles a notification; it reports whether a round should run
 // now, and which. NOTIFY is not authenticated, but the server stamps the
 // sender's backend pid: a message is believed only from a member's main
-// session as the last scan read it (and a resign only from the member
-// that owns the key, or the one its owner's resign hands it to: see
-// state.owns). From any other session a join is a hint (one scan round at
-// most every hintEvery, which checks pg_locks itself); everything else,
-// and anything malformed, is dropped and costs nothing.
+// session as the last scan read it. A resign on this member's own channel
+// is believed from any member (it is told as the key is released); its
+// copy on the group's channel only from the member that owns the key, or
+// the one its owner's resign hands it to (see state.owns), and not where
+// it is old news (see resignHeard). From any other session a join is a
+// hint (one scan round at most every hintEvery, which checks pg_locks
+// itself); everything else, and anything malformed, is dropped and costs
+// nothing.
 func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 	if !g.isMine(n) || n.PID == self {
 		return 0, false
@@ -107,8 +110,13 @@ func (g *Group) heard(n *pgconn.Notification, self uint32) (int, bool) {
 	case m.Kind == lockconn.GroupGone:
 		g.memberGone(m.Member)
 		return wakeFull, true
-	case m.Kind == lockconn.GroupResigned && m.Member == sender && g.st.owns(m.Key, sender):
-		return g.resignHeard(m, sender, n.Channel == g.myChannel)
+	case m.Kind == lockconn.GroupResigned && m.Member == sender && n.Channel == g.myChannel && m.To == g.cfg.Identity:
+		// Told to this member alone, as the member released the key: never
+		// old news (the server delivers notifications in commit order), so
+		// believed whatever this member's last assignment says of the key.
+		return g.resignHeard(m, sender, true)
+	case m.Kind == lockconn.GroupResigned && m.Member == sender && n.Channel == g.channel && g.st.owns(m.Key, sender):
+		return g.resignHeard(m, sender, false)
 	}
 	g.stats.dropped++
 	if ce := g.log.Check(zap.DebugLevel, "group message dropped"); ce != nil {

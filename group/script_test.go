@@ -935,3 +935,62 @@ func TestScriptedGoneNamingSelf(t *testing.T) {
 		}
 	}
 }
+
+// A resign told on this member's own channel is believed from any member,
+// whatever this member's last assignment says of the key: a key resigned
+// three times within one interval comes back to this member from a member
+// its assignment names neither as the owner nor as the owner's successor
+// (TestGroupResignedThriceWithinARound on a real server). The group's copy
+// of such a resign is still dropped (it may be old news), and so is a
+// message on this member's channel that names another member.
+func TestScriptedDirectResignFromAnyMember(t *testing.T) {
+	g, keys := scripted(t, 12, func(c *Config) { c.Identity = "b" })
+	w := newScriptWire("a", "b", "c")
+	if err := g.round(context.Background(), w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	// A key a owns whose successor is b: c is neither.
+	var k tag
+	for _, key := range keys {
+		if kt := tagOf(key); assignedTo(g, kt) == "a" && successorOf(kt, g.st.assigned, "a") == "b" {
+			k = kt
+			break
+		}
+	}
+	g.st.pids = map[uint32]string{7: "a", 8: "c"}
+	g.mu.Unlock()
+	if k == (tag{}) {
+		t.Fatal("no key of a's has b for its successor")
+	}
+	for _, tc := range []struct {
+		name     string
+		channel  string
+		to       string
+		wantHold string
+		wantGift bool
+	}{
+		{name: "the group's copy", channel: g.channel, to: "a"},
+		{name: "on this member's channel, naming another", channel: g.myChannel, to: "a"},
+		{name: "on this member's channel, naming it", channel: g.myChannel, to: "b", wantHold: "c", wantGift: true},
+	} {
+		g.mu.Lock()
+		if g.st.owns(k, "c") {
+			g.mu.Unlock()
+			t.Fatalf("%s: this member's assignment says c owns %v", tc.name, k)
+		}
+		g.st.keys[k].hold, g.st.keys[k].gift = resignHold{member: "b", until: time.Now().Add(time.Minute)}, false
+		g.mu.Unlock()
+		msg := lockconn.EncodeGroup(lockconn.GroupMessage{Kind: lockconn.GroupResigned, Member: "c", Key: k, To: tc.to})
+		g.heard(&pgconn.Notification{PID: 8, Channel: tc.channel, Payload: msg}, 4242)
+		g.mu.Lock()
+		gift, hold := g.st.keys[k].gift, g.st.keys[k].hold.member
+		g.mu.Unlock()
+		if tc.wantHold == "" {
+			tc.wantHold = "b" // this member's own hold, as it was
+		}
+		if gift != tc.wantGift || hold != tc.wantHold {
+			t.Errorf("%s: gift %v, held from %q; want gift %v, held from %q", tc.name, gift, hold, tc.wantGift, tc.wantHold)
+		}
+	}
+}
