@@ -301,6 +301,46 @@ func heirsCancelledAtRandom(t *testing.T, app string, sendTo func(heir *lockconn
 // turns a cancel that failed the statement into "not gone", so the
 // server's log is what tells.)
 func TestRingCancelAtAnyInstantIsCaught(t *testing.T) {
+	ringsCancelledAtRandom(t, "anyinstant-ring", func(conn *pgx.Conn) func() {
+		return func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = conn.PgConn().CancelRequest(cctx)
+		}
+	})
+}
+
+// The second of one cancel request's two signals, or a second request
+// close behind the first (a stop beside a retarget), lands in the watch's
+// handler of the first: the outer handler catches it, so the server logs
+// nothing. Two pg_cancel_backend calls up to 300 µs apart make that
+// instant common (a cancel request's own two signals come apart less
+// often).
+func TestRingSecondSignalIsCaught(t *testing.T) {
+	ringsCancelledAtRandom(t, "secondsignal-ring", func(conn *pgx.Conn) func() {
+		admin, err := server(t).Connect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Close(context.Background()) })
+		pid := int32(conn.PgConn().PID())
+		return func() {
+			for i := range 2 {
+				if i == 1 {
+					time.Sleep(rand.N(300 * time.Microsecond))
+				}
+				_, _ = admin.Exec(context.Background(), "SELECT pg_cancel_backend($1)", pid)
+			}
+		}
+	})
+}
+
+// ringsCancelledAtRandom runs anyInstantSessions crash watches' waits on
+// a member lock held for the whole test, each wait with a cancel
+// sendTo(conn) sends at a random instant (see signalAtRandom), and
+// requires every wait to report the member alive and no line in the
+// server's log from the watches' sessions (application name app).
+func ringsCancelledAtRandom(t *testing.T, app string, sendTo func(conn *pgx.Conn) func()) {
 	ctx := context.Background()
 	holder, err := server(t).Connect(ctx) // no lease: it holds the member lock, idle, for the whole test
 	if err != nil {
@@ -312,21 +352,22 @@ func TestRingCancelAtAnyInstantIsCaught(t *testing.T) {
 	}
 	errs := make(chan error, anyInstantSessions)
 	for range anyInstantSessions {
-		ring, conn := newRing(t, "anyinstant-ring", anyInstantWait)
+		ring, conn := newRing(t, app, anyInstantWait)
 		obs, err := server(t).Connect(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { obs.Close(context.Background()) })
+		send := sendTo(conn)
 		go func() {
 			var reported error
-			_, err := cancelAtRandom(obs, conn, anyInstantRounds, anyInstantWait, func() error {
+			_, err := signalAtRandom(obs, conn.PgConn().PID(), anyInstantRounds, anyInstantWait, func() error {
 				gone, err := ring.Wait(ctx, "m1", time.Second)
 				if err == nil && (gone == nil || *gone) && reported == nil {
 					reported = fmt.Errorf("a watch on a held member lock reports it gone (%v)", gone != nil)
 				}
 				return err
-			})
+			}, send)
 			errs <- errors.Join(err, reported)
 		}()
 	}
@@ -335,7 +376,7 @@ func TestRingCancelAtAnyInstantIsCaught(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if n := server(t).LogLinesOf("anyinstant-ring"); n != 0 {
+	if n := server(t).LogLinesOf(app); n != 0 {
 		t.Fatalf("%d server log lines from the watches' sessions:\n%s", n, server(t).LogTail(20))
 	}
 }
