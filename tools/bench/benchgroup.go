@@ -218,7 +218,7 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 	if b.groupSingle {
 		kind = ", SingleConnection"
 	}
-	var kills, kbal, joins, resigns []float64
+	var kills, kbal, joins, resigns, released, taken []float64
 	for run := 0; run < runs; run++ {
 		// Settle: the last join's hand-overs and NOTIFYs are over.
 		time.Sleep(1500 * time.Millisecond)
@@ -315,6 +315,25 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 			}
 		}
 		resigns = append(resigns, ms(at-r0))
+		// The resigner's OnDemoted runs once its lock is released: it
+		// splits the resign into the resigning member's part and the
+		// new member's.
+		demoted := func(e fleet.Event) bool { return e.Ev == "demoted" && e.Data == key && e.Identity == m && e.Mono >= r0 }
+		var rel int64
+		for _, e := range g.log[from:] {
+			if demoted(e) {
+				rel = e.Mono
+				break
+			}
+		}
+		if rel == 0 {
+			var err error
+			if rel, err = g.until(time.Minute, "the resigning member's OnDemoted", func() bool { return demoted(g.last) }); err != nil {
+				return err
+			}
+		}
+		released = append(released, ms(rel-r0))
+		taken = append(taken, ms(at-rel))
 		// A resign that waits for a later round (half an interval or more)
 		// is named, for the members' debug logs (PGLEADER_FLEET_LOGDIR).
 		if took := at - r0; time.Duration(took) >= interval/2 {
@@ -328,6 +347,8 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 	b.add("group-kill", "SIGKILL to balanced again", "intervals", "<= 3", kbal)
 	b.add("group-join", "a member's start to balanced (3 members)", "intervals", "<= 3", joins)
 	b.add("group-resign", "resign to the new member's OnElected", "ms", "p99 <= 5", resigns)
+	b.add("group-resign", "  of which: resign to the resigning member's OnDemoted (its lock released)", "ms", "", released)
+	b.add("group-resign", "  of which: that OnDemoted to the new member's OnElected", "ms", "", taken)
 	b.add("group", fmt.Sprintf("tenures that overlapped the key's previous one (of %d checked)", checked), "count", "0", []float64{float64(n)})
 	if standing > 0 && b.srv != nil {
 		return b.groupStanding(standing, window)
