@@ -218,7 +218,7 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 	if b.groupSingle {
 		kind = ", SingleConnection"
 	}
-	var kills, kbal, joins, resigns, released, taken []float64
+	var kills, kbal, joins, resigns, returned, released, taken []float64
 	for run := 0; run < runs; run++ {
 		// Settle: the last join's hand-overs and NOTIFYs are over.
 		time.Sleep(1500 * time.Millisecond)
@@ -332,6 +332,16 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 				return err
 			}
 		}
+		var ret int64 // the resigning member's OnElected returned (before its OnDemoted)
+		for _, e := range g.log[from:] {
+			if e.Ev == "returned" && e.Data == key && e.Identity == m && e.Mono >= r0 {
+				ret = e.Mono
+				break
+			}
+		}
+		if ret > 0 {
+			returned = append(returned, ms(ret-r0))
+		}
 		released = append(released, ms(rel-r0))
 		taken = append(taken, ms(at-rel))
 		// A resign that waits for a later round (half an interval or more)
@@ -347,8 +357,9 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 	b.add("group-kill", "SIGKILL to balanced again", "intervals", "<= 3", kbal)
 	b.add("group-join", "a member's start to balanced (3 members)", "intervals", "<= 3", joins)
 	b.add("group-resign", "resign to the new member's OnElected", "ms", "p99 <= 5", resigns)
-	b.add("group-resign", "  of which: resign to the resigning member's OnDemoted (its lock released)", "ms", "", released)
-	b.add("group-resign", "  of which: that OnDemoted to the new member's OnElected", "ms", "", taken)
+	b.add("group-resign", "  resign to the resigning member's OnElected returned", "ms", "", returned)
+	b.add("group-resign", "  resign to the resigning member's OnDemoted (its lock released)", "ms", "", released)
+	b.add("group-resign", "  that OnDemoted to the new member's OnElected", "ms", "", taken)
 	b.add("group", fmt.Sprintf("tenures that overlapped the key's previous one (of %d checked)", checked), "count", "0", []float64{float64(n)})
 	if standing > 0 && b.srv != nil {
 		return b.groupStanding(standing, window)

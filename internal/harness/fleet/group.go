@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/pgleader/pgleader/group"
 	"github.com/pgleader/pgleader/leader"
@@ -81,6 +82,7 @@ func debugLogger(id string) *zap.Logger {
 	}
 	c := zap.NewDevelopmentConfig()
 	c.OutputPaths = []string{filepath.Join(dir, id+".log")}
+	c.EncoderConfig.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05.000000") // a hand-over takes a millisecond or two
 	l, err := c.Build()
 	if err != nil {
 		return nil
