@@ -1,11 +1,11 @@
 package group
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,21 +140,53 @@ func (g *Group) poke() {
 	}
 }
 
-// Owned returns the keys this member leads now, in lock order.
+// Owned returns the keys this member leads now, in lock order (by the
+// lock's classid, objid, objsubid, as pg_locks shows them). The group's
+// rounds wait only while the keys are collected, not while they are
+// sorted.
 func (g *Group) Owned() []leader.Key {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var out []leader.Key
-	if time.Now().After(g.st.trustEnd) {
-		return out
+	type owned struct {
+		k   tag
+		key leader.Key
 	}
-	for _, ks := range g.st.keys {
-		if ks.phase == phaseLeading {
-			out = append(out, ks.key)
+	var out []owned
+	g.mu.Lock()
+	if !time.Now().After(g.st.trustEnd) {
+		out = make([]owned, 0, g.ownedCount())
+		for k, ks := range g.st.keys {
+			if ks.phase == phaseLeading {
+				out = append(out, owned{k, ks.key})
+			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
-	return out
+	g.mu.Unlock()
+	if len(out) == 0 {
+		return nil
+	}
+	slices.SortFunc(out, func(a, b owned) int { return compareTags(a.k, b.k) })
+	keys := make([]leader.Key, len(out))
+	for i, o := range out {
+		keys[i] = o.key
+	}
+	return keys
+}
+
+// ownedCount is how many keys this member leads, trusted or not (g.mu
+// held).
+func (g *Group) ownedCount() int {
+	n := 0
+	for _, ks := range g.st.keys {
+		if ks.phase == phaseLeading {
+			n++
+		}
+	}
+	return n
+}
+
+// compareTags orders lock tags as pg_locks lists them: classid, objid,
+// objsubid.
+func compareTags(a, b tag) int {
+	return cmp.Or(cmp.Compare(a.C, b.C), cmp.Compare(a.O, b.O), cmp.Compare(a.S, b.S))
 }
 
 // IsLeader reports whether this member leads key now.

@@ -78,9 +78,12 @@ type stats struct {
 
 // Status returns a snapshot of the group's state.
 func (g *Group) Status() Status {
-	owned := len(g.Owned())
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	owned := 0
+	if !time.Now().After(g.st.trustEnd) {
+		owned = g.ownedCount() // as len(Owned()), without building the list
+	}
 	st := Status{Group: g.cfg.Group, Identity: g.cfg.Identity, Members: append([]string(nil), g.st.members...),
 		Keys: len(g.st.order), Owned: owned, Tenures: g.st.tenures(), Connected: g.stats.connected,
 		LastRound: g.stats.lastRound, LastScan: g.stats.lastScan, LastStep: g.stats.lastStep, LastError: g.stats.lastErr,

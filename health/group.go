@@ -54,7 +54,7 @@ func (c *GroupChecker) live(st group.Status) error {
 // Ready returns nil when the member should receive traffic: always, or
 // with LeaderOnly only while it leads a key.
 func (c *GroupChecker) Ready() error {
-	if !c.opts.LeaderOnly || len(c.g.Owned()) > 0 {
+	if !c.opts.LeaderOnly || c.g.Status().Owned > 0 {
 		return nil
 	}
 	return fmt.Errorf("%w: leads no key of the group", ErrNotReady)

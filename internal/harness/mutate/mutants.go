@@ -304,7 +304,7 @@ var mutants = []mutant{
 		"\t\tif since := now.Sub(st.LastStep); since > c.opts.StallTimeout {", "\t\tif since := now.Sub(st.LastStep); false && since > c.opts.StallTimeout {",
 		"a group whose loop is stuck stays live for ever"},
 	{"groupcheck-ready-ignores-owned", "health/group.go",
-		"\tif !c.opts.LeaderOnly || len(c.g.Owned()) > 0 {", "\tif true {",
+		"\tif !c.opts.LeaderOnly || c.g.Status().Owned > 0 {", "\tif true {",
 		"leader-only readiness of a group member is ready with no key"},
 	{"group-token-unchecked", "internal/wire/lockconn/group.go",
 		"\treturn m.sess.Same(pid, tok)\n}", "\t_ = tok\n\treturn nil\n}",
