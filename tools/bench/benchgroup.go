@@ -125,6 +125,18 @@ func (g *groupFleet) until(timeout time.Duration, what string, cond func() bool)
 	return g.last.Mono, nil
 }
 
+// firstSince returns the time of the first event from g.log[from:] on (those
+// applied already, then those to come) that match accepts, waiting a
+// minute at most.
+func (g *groupFleet) firstSince(from int, what string, match func(fleet.Event) bool) (int64, error) {
+	for _, e := range g.log[from:] {
+		if match(e) {
+			return e.Mono, nil
+		}
+	}
+	return g.until(time.Minute, what, func() bool { return match(g.last) })
+}
+
 // stop stops every member, applying their events meanwhile: a member that
 // stops sends an event per key, more than the event channel holds at
 // 100,000 keys, and one whose pipe is full never exits.
@@ -300,48 +312,28 @@ func (b *bencher) group(keys, runs, resignRuns, standing int, window time.Durati
 		r0, key := g.last.Mono, g.last.Data
 		// Each process's events come through a pipe of its own, so the
 		// new leader's may arrive before the resigning member's.
-		elected := func(e fleet.Event) bool { return e.Ev == "elected" && e.Data == key && e.Identity != m && e.Mono >= r0 }
-		var at int64
-		for _, e := range g.log[from:] {
-			if elected(e) {
-				at = e.Mono
-				break
-			}
-		}
-		if at == 0 {
-			var err error
-			if at, err = g.until(time.Minute, "the resigned key's new leader", func() bool { return elected(g.last) }); err != nil {
-				return err
-			}
+		at, err := g.firstSince(from, "the resigned key's new leader", func(e fleet.Event) bool {
+			return e.Ev == "elected" && e.Data == key && e.Identity != m && e.Mono >= r0
+		})
+		if err != nil {
+			return err
 		}
 		resigns = append(resigns, ms(at-r0))
 		// The resigner's OnDemoted runs once its lock is released: it
 		// splits the resign into the resigning member's part and the
-		// new member's.
-		demoted := func(e fleet.Event) bool { return e.Ev == "demoted" && e.Data == key && e.Identity == m && e.Mono >= r0 }
-		var rel int64
-		for _, e := range g.log[from:] {
-			if demoted(e) {
-				rel = e.Mono
-				break
-			}
+		// new member's; its OnElected returned before.
+		mine := func(ev string) func(e fleet.Event) bool {
+			return func(e fleet.Event) bool { return e.Ev == ev && e.Data == key && e.Identity == m && e.Mono >= r0 }
 		}
-		if rel == 0 {
-			var err error
-			if rel, err = g.until(time.Minute, "the resigning member's OnDemoted", func() bool { return demoted(g.last) }); err != nil {
-				return err
-			}
+		rel, err := g.firstSince(from, "the resigning member's OnDemoted", mine("demoted"))
+		if err != nil {
+			return err
 		}
-		var ret int64 // the resigning member's OnElected returned (before its OnDemoted)
-		for _, e := range g.log[from:] {
-			if e.Ev == "returned" && e.Data == key && e.Identity == m && e.Mono >= r0 {
-				ret = e.Mono
-				break
-			}
+		ret, err := g.firstSince(from, "the resigning member's OnElected return", mine("returned"))
+		if err != nil {
+			return err
 		}
-		if ret > 0 {
-			returned = append(returned, ms(ret-r0))
-		}
+		returned = append(returned, ms(ret-r0))
 		released = append(released, ms(rel-r0))
 		taken = append(taken, ms(at-rel))
 		// A resign that waits for a later round (half an interval or more)

@@ -213,21 +213,26 @@ func TestCancelAtAnyInstantIsCaught(t *testing.T) {
 // of their own protects. Without it, rounds fail.
 func TestSecondSignalIsCaught(t *testing.T) {
 	heirsCancelledAtRandom(t, "secondsignal", func(heir *lockconn.Lease) func() {
-		admin, err := server(t).Connect(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { admin.Close(context.Background()) })
-		pid := int32(heir.PID())
-		return func() {
-			for i := range 2 {
-				if i == 1 {
-					time.Sleep(rand.N(300 * time.Microsecond))
-				}
-				_, _ = admin.Exec(context.Background(), "SELECT pg_cancel_backend($1)", pid)
-			}
-		}
+		return twoCancels(t, heir.PID())
 	})
+}
+
+// twoCancels returns a sender of two pg_cancel_backend calls to backend
+// pid, up to 300 µs apart, from a session of its own.
+func twoCancels(t *testing.T, pid uint32) func() {
+	admin, err := server(t).Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return func() {
+		for i := range 2 {
+			if i == 1 {
+				time.Sleep(rand.N(300 * time.Microsecond))
+			}
+			_, _ = admin.Exec(context.Background(), "SELECT pg_cancel_backend($1)", int32(pid))
+		}
+	}
 }
 
 // heirsCancelledAtRandom runs anyInstantSessions heirs' rounds on held
@@ -318,20 +323,7 @@ func TestRingCancelAtAnyInstantIsCaught(t *testing.T) {
 // often).
 func TestRingSecondSignalIsCaught(t *testing.T) {
 	ringsCancelledAtRandom(t, "secondsignal-ring", func(conn *pgx.Conn) func() {
-		admin, err := server(t).Connect(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { admin.Close(context.Background()) })
-		pid := int32(conn.PgConn().PID())
-		return func() {
-			for i := range 2 {
-				if i == 1 {
-					time.Sleep(rand.N(300 * time.Microsecond))
-				}
-				_, _ = admin.Exec(context.Background(), "SELECT pg_cancel_backend($1)", pid)
-			}
-		}
+		return twoCancels(t, conn.PgConn().PID())
 	})
 }
 
