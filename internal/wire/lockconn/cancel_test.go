@@ -120,29 +120,19 @@ END $f$`, a, b)); err != nil {
 	}
 }
 
-// cancelAtRandom runs round n times on conn, each with one cancel request
-// sent to its backend at a random instant once the backend waits for a
-// lock (obs sees it queued in pg_locks; a round that ends first gets
-// none): the requests land inside the wait, as it ends, in its handlers,
-// and after the statement. None lands sooner: one that reaches the
-// backend as the statement enters the procedure, before any handler, is
-// an ERROR no routine can catch, and pgleader sends none to a wait younger
-// than ringCancelAge (see cancelPlan), nor wakes a backend it did not see
+// signalAtRandom runs round n times, each with one cancel (send) sent to
+// backend pid at a random instant once the backend waits for a lock (obs
+// sees it queued in pg_locks; a round that ends first gets none): the
+// cancels land inside the wait, as it ends, in its handlers, and after
+// the statement. None lands sooner: one that reaches the backend as the
+// statement enters the procedure, before any handler, is an ERROR no
+// routine can catch, and pgleader sends none to a wait younger than
+// ringCancelAge (see cancelPlan), nor wakes a backend it did not see
 // waiting. It returns how many rounds failed with query_canceled (a
-// request that landed outside the session routine's handlers, which the
+// cancel that landed outside the session routine's handlers, which the
 // server logs as an ERROR) and the first other error. Tests run several
 // at once: the load makes the server's two signals of one request (see
 // sql/quiet.sql) arrive apart, as on a busy machine.
-func cancelAtRandom(obs, conn *pgx.Conn, n int, spread time.Duration, round func() error) (outside int, err error) {
-	return signalAtRandom(obs, conn.PgConn().PID(), n, spread, round, func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = conn.PgConn().CancelRequest(cctx)
-	})
-}
-
-// signalAtRandom is cancelAtRandom for backend pid, with send sending the
-// cancel.
 func signalAtRandom(obs *pgx.Conn, pid uint32, n int, spread time.Duration, round func() error, send func()) (outside int, err error) {
 	for range n {
 		roundDone, sent := make(chan struct{}), make(chan struct{})
