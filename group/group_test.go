@@ -798,16 +798,12 @@ func TestGroupResignedTwiceWithinARound(t *testing.T) {
 		if err := members[second].g.Resign(context.Background(), k); err != nil {
 			t.Fatal(err)
 		}
-		for {
-			if l := leaderOf(); l != "" && l != second {
-				t.Logf("%s: ta -> %s -> %s; the second hand-over took %s", k, second, l, time.Since(began))
-				break
-			}
-			if time.Since(began) > 5*time.Second {
-				t.Fatalf("the key %s resigned again by %s was not led by another member within 5 s (the hold is 20 s)", k, second)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		what := fmt.Sprintf("the key %s resigned again by %s led by another member (the hold is 20 s)", k, second)
+		eventuallyWithin(t, what, 5*time.Second, func() (bool, string) {
+			l := leaderOf()
+			return l != "" && l != second, l
+		})
+		t.Logf("%s: ta -> %s -> %s; the second hand-over took %s", k, second, leaderOf(), time.Since(began))
 	}
 }
 
@@ -853,19 +849,14 @@ func TestGroupResignedThriceWithinARound(t *testing.T) {
 		chains++
 		for i := range 3 {
 			from := leaderOf(k)
-			began := time.Now()
 			if err := members[from].g.Resign(context.Background(), k); err != nil {
 				t.Fatal(err)
 			}
-			for {
-				if l := leaderOf(k); l != "" && l != from {
-					break
-				}
-				if time.Since(began) > 5*time.Second {
-					t.Fatalf("%s: resign %d (by %s) not led by another member within 5 s (the hold is 20 s)", k, i+1, from)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			what := fmt.Sprintf("%s: resign %d (by %s) led by another member (the hold is 20 s)", k, i+1, from)
+			eventuallyWithin(t, what, 5*time.Second, func() (bool, string) {
+				l := leaderOf(k)
+				return l != "" && l != from, l
+			})
 		}
 	}
 	if chains == 0 {

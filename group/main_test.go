@@ -47,17 +47,25 @@ func mustConn(t testing.TB, srv *testpg.Server) *pgx.Conn {
 
 // eventually polls cond every 5ms until it holds, and fails the test with
 // what (and the last detail cond gave) when it does not within waitLong.
-// It is the one poll loop of these tests: every wait is bounded.
+// With eventuallyWithin, it is the one poll loop of these tests: every wait
+// is bounded.
 func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(waitLong)
+	eventuallyWithin(t, what, waitLong, cond)
+}
+
+// eventuallyWithin is eventually with a bound of its own, for a test whose
+// assertion is the bound (a hand-over that must not wait out a hold).
+func eventuallyWithin(t testing.TB, what string, bound time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for {
 		ok, detail := cond()
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s (%s)", what, waitLong, detail)
+			t.Fatalf("%s: not within %s (%s)", what, bound, detail)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
