@@ -537,6 +537,7 @@ func (o *countingObserver) Reconnecting(leader.Key, string, int, time.Duration, 
 // A follower keeps its one session across campaign rounds: a lock wait that
 // times out is a normal round, not a connection problem.
 func TestFollowerKeepsItsSession(t *testing.T) {
+	waitsForRounds(t)
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	key := testKey(t)

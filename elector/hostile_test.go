@@ -35,6 +35,7 @@ import (
 // elector's session, so followers never "win" a lock held by the leader,
 // and at most one elector leads at any moment.
 func TestShadowedBuiltinsDoNotElect(t *testing.T) {
+	waitsForRounds(t)
 	srv := sharedServer(t)
 	r := testpg.NewRoles(t, srv)
 	r.Shadow(t)
@@ -163,6 +164,7 @@ func keyChannels(key leader.Key) (announce, resign, reserve string, gate int32) 
 // no elector reports the forged name (Leader(), OnNewLeader), nor does
 // Observe, and the real leader keeps leading.
 func TestForgedAnnouncements(t *testing.T) {
+	waitsForRounds(t)
 	srv := sharedServer(t)
 	r := testpg.NewRoles(t, srv)
 	rec := newRecorder(t)
@@ -240,6 +242,7 @@ func TestForgedAnnouncements(t *testing.T) {
 // neither the electors nor Observe report it. Once it lets go, one elector
 // leads and every one of them sees it.
 func TestSharedHolderIsNoLeader(t *testing.T) {
+	waitsForRounds(t)
 	srv := sharedServer(t)
 	r := testpg.NewRoles(t, srv)
 	rec := newRecorder(t)
@@ -663,6 +666,7 @@ func TestLeaderKeepsLeadingInAFullLockTable(t *testing.T) {
 // lets go. (The chaos harness's hostile run caught a follower told
 // "pid N" leads: the name the lookup made up for a nameless holder.)
 func TestNamelessHolderIsNoLeader(t *testing.T) {
+	waitsForRounds(t)
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	key := testKey(t)

@@ -26,7 +26,11 @@ var shared testpg.Shared
 // not restart it. Each test uses its own key.
 func sharedServer(t testing.TB) *testpg.Server { return shared.Get(t) }
 
-func TestMain(m *testing.M) { os.Exit(testpg.Main(m, childMain, &shared)) }
+// The tests marked by waitsForRounds run four at a time (see there).
+func TestMain(m *testing.M) {
+	testpg.DefaultParallel(4)
+	os.Exit(testpg.Main(m, childMain, &shared))
+}
 
 // Test timings: short enough to keep the suite quick, with generous margins
 // for a loaded 2-core machine.
@@ -377,4 +381,17 @@ func testLogger(t testing.TB, l *zap.Logger) *zap.Logger {
 		return zaptest.NewLogger(t)
 	}
 	return l
+}
+
+// waitsForRounds marks a test that spends most of its time waiting for
+// followers' rounds (an heir's is a lock wait of three LeaseDurations) and
+// little of it on a CPU: it runs in parallel with the other tests so
+// marked (four at once unless -parallel says otherwise; see TestMain),
+// after the package's other tests. Each marked test uses its own
+// key, roles and identities, or a server of its own, and changes no
+// server-wide setting, so none can see another's electors or hostile
+// sessions; the package's time is then not the sum of their waits.
+func waitsForRounds(t *testing.T) {
+	t.Helper()
+	t.Parallel()
 }

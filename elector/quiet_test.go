@@ -46,6 +46,7 @@ func waitRounds(t *testing.T, els []*running, n int) {
 // follower round ends in an error the server logs (at its default
 // log_min_error_statement).
 func TestQuietFleetLogsNothing(t *testing.T) {
+	waitsForRounds(t)
 	quietFleet(t, testpg.Start(t))
 }
 
@@ -54,6 +55,7 @@ func TestQuietFleetLogsNothing(t *testing.T) {
 // statement's too: an heir's lock wait outlasts a short one. Each session
 // turns it off for itself, as it does statement_timeout.
 func TestQuietFleetUnderTransactionTimeout(t *testing.T) {
+	waitsForRounds(t)
 	if num := sharedServer(t).VersionNum(); num < 170000 {
 		t.Skipf("PostgreSQL %d has no transaction_timeout", num/10000)
 	}
@@ -105,6 +107,7 @@ func quietFleet(t *testing.T, srv *testpg.Server) {
 // deadlock detector runs once per wait, and logs nothing while
 // log_lock_waits is off) and stays under a long one.
 func TestElectionsAcrossDeadlockTimeouts(t *testing.T) {
+	waitsForRounds(t)
 	for _, dt := range []string{"100ms", "10s"} {
 		t.Run(dt, func(t *testing.T) {
 			srv := testpg.Start(t, testpg.Options{Settings: []string{"deadlock_timeout=" + dt}})
@@ -239,6 +242,7 @@ func TestHeirWaitAndSpread(t *testing.T) {
 // the leader and both heirs lose their sessions at once, a watcher's poll
 // (every LeaseDuration) still elects a leader, and only one.
 func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
+	waitsForRounds(t)
 	srv := testpg.Start(t)
 	ctx := context.Background()
 	r := newRecorder(t)

@@ -309,6 +309,7 @@ func TestValueForeignTable(t *testing.T) {
 // follower that learned the new leader from a value read, before its
 // session's own lookup, and then missed the next Proclaim.
 func TestValueFollowsRotation(t *testing.T) {
+	waitsForRounds(t)
 	srv := sharedServer(t)
 	key := testKey(t)
 	rec := newRecorder(t)

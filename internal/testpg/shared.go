@@ -2,8 +2,10 @@ package testpg
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -83,6 +85,25 @@ func Main(m *testing.M, child func(role string) int, shared ...*Shared) int {
 		}
 	}
 	return code
+}
+
+// DefaultParallel raises the number of tests marked t.Parallel that run at
+// once to n, unless the command line sets -parallel (whose default is
+// GOMAXPROCS). It is for a TestMain whose parallel tests mostly wait
+// (for lock waits of several seconds) and seldom run: two at a time on
+// a 2-core machine would leave the package's time the sum of their waits.
+// Call it before Main.
+func DefaultParallel(n int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // WaitWaiter waits up to a minute until a session named identity (any
