@@ -231,10 +231,13 @@ func (l *Lease) Precede(ctx context.Context, t *Target, to string) (standing, fi
 // no session named to waits for the lock either (the candidate is gone,
 // or between two of its waits): the other candidates then need not wait
 // out within. It returns the holder seen last ("" when the lock is free).
+// Each look reads pg_locks, which copies the server's whole lock table
+// (another role may have filled it): the looks start 2 ms apart, which
+// most handovers need no more than once, and back off to 50 ms.
 func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time.Duration) (string, error) {
 	deadline := time.Now().Add(within)
 	holder := ""
-	for {
+	for pause := 2 * time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
 		h, _, _, err := scanHolder(l.conn.QueryRow(ctx, t.holderSQL))
 		if err != nil {
 			return "", err
@@ -251,7 +254,7 @@ func (l *Lease) Unreserve(ctx context.Context, t *Target, to string, within time
 		if !queued {
 			break
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(pause)
 	}
 	return holder, l.release(ctx, t, to, true, true)
 }

@@ -676,6 +676,50 @@ func TestUnreserveLetsGoOfAGoneCandidate(t *testing.T) {
 	}
 }
 
+// Unreserve's looks back off: each reads pg_locks, which copies the
+// server's whole lock table (another role may have filled it), so a named
+// candidate that queues and does not take the lock costs the leader a few
+// dozen looks over a one-second bound, not one every 2 ms (several
+// hundred). The server logs every statement meanwhile
+// (log_min_duration_statement = 0, on this test's own server); the named
+// heir waits behind the leader's own hold, so Unreserve waits out its
+// whole bound.
+func TestUnreserveBacksOff(t *testing.T) {
+	h := startTwoHeirs(t)
+	ctx := context.Background()
+	if err := h.ldr.Reserve(ctx, h.lt, "named-heir", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"ALTER SYSTEM SET log_min_duration_statement = 0", "SELECT pg_reload_conf()"} {
+		if _, err := h.admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := h.srv.LogTail(1 << 22)
+	began := time.Now()
+	holder, err := h.ldr.Unreserve(ctx, h.lt, "named-heir", time.Second)
+	if err != nil || holder != "" {
+		t.Fatalf("Unreserve behind the leader's own hold: holder %q, %v; want \"\" (its own), nil", holder, err)
+	}
+	took := time.Since(began)
+	if took < time.Second {
+		t.Fatalf("Unreserve returned after %v, inside its bound, with the named heir queued", took)
+	}
+	looks := 0
+	for _, line := range strings.Split(strings.TrimPrefix(h.srv.LogTail(1<<22), before), "\n") {
+		if strings.Contains(line, "execute") && strings.Contains(line, lockconn.NameMarker(h.key)+"SELECT coalesce(a.application_name") {
+			looks++
+		}
+	}
+	// The first look may run before the session takes in the reload.
+	// 2, 4, 8, 16, 32 ms, then 50 ms: about 24 looks in a second, fewer
+	// on a loaded machine; a look every 2 ms would be 300 or more.
+	if looks < 1 || looks > 60 {
+		t.Fatalf("Unreserve looked %d times in %v (logged by the server); want between 1 and 60", looks, took)
+	}
+	t.Logf("Unreserve looked %d times in %v", looks, took)
+}
+
 // ShortenWait bounds the next heir's wait only: the round after it waits
 // its whole Wait again. The server's lock_timeout never ends a wait
 // early, so the second round's lower bound is exact; the first round's
