@@ -381,9 +381,9 @@ func countWaiters(t *testing.T, conn *pgx.Conn, key leader.Key) int {
 // A flood of forged notifications at a leader and 50 quiet followers:
 // resign requests from a role that may not ask, requests and
 // reservations naming each follower, announcements and vacancies. The
-// leader keeps leading and writes at most a handful of log lines, no
-// follower reports a false leader, and exactly the two heirs queue on the
-// lock.
+// leader keeps leading and writes two log lines (one more per 10 s the
+// flood lasts), no follower reports a false leader, and exactly the two
+// heirs queue on the lock.
 func TestNotifyFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("51 electors")
@@ -459,12 +459,16 @@ func TestNotifyFlood(t *testing.T) {
 	if !els[0].e.IsLeader() {
 		t.Fatal("the leader stopped leading")
 	}
-	lines := logs.All()[before:]
-	if len(lines) > 5 {
+	// One asker: its refusal is logged once per 10 s (its requests are
+	// dropped unread meanwhile), and the count of what went unlogged once
+	// a minute. On a loaded machine the flood alone may take longer than
+	// 10 s (44 s once, in CI's run beside the version matrix).
+	lines, elapsed := logs.All()[before:], time.Since(began)
+	if allowed := 2 + int(elapsed/(10*time.Second)) + int(elapsed/time.Minute); len(lines) > allowed {
 		for _, l := range lines[:min(len(lines), 10)] {
 			t.Log(l.Message, l.ContextMap())
 		}
-		t.Fatalf("the leader wrote %d log lines during the flood", len(lines))
+		t.Fatalf("the leader wrote %d log lines in the %v since the flood began; want at most %d", len(lines), elapsed, allowed)
 	}
 	if st := els[0].e.Status(); st.RequestsDropped == 0 {
 		t.Errorf("Status().RequestsDropped = 0 after a flood of requests")
