@@ -158,11 +158,22 @@ func (e *Elector) campaign(ctx context.Context, ls lease, possiblyHeld *bool) (w
 // the term row.
 var errTermStuck = errors.New("fencing term row locked by an earlier leader's transaction")
 
+// errTermTableFull: the lock is ours, but the next term could not be
+// installed within LeaseDuration because the server's lock table stayed
+// full (another role may have filled it): the term's transaction needs a
+// slot for its transaction id.
+var errTermTableFull = errors.New("the server's lock table stayed full")
+
 // confirm proves, right after the lock was granted, that our own backend
 // holds it (which also catches a transaction-pooling proxy), and with
 // fencing installs the next term in the same round trip. While the term
-// row is busy it tries again, for up to LeaseDuration. It returns when the
-// successful check was sent, and the term.
+// row is busy it tries again, for up to LeaseDuration. So it does, every
+// RenewInterval, while the server's lock table is full (SQLSTATE 53200:
+// the term's transaction finds no slot for its transaction id, and is
+// rolled back; the session and its lock are fine): ending the session
+// there would let another role that fills the table make the fleet's
+// electors drop the lock and reconnect, one after another. It returns when
+// the successful check was sent, and the term.
 //
 // Nothing acts on the lock before confirm returns (OnElected has not
 // started), so each check's own send time anchors the trust window, and
@@ -175,11 +186,19 @@ func (e *Elector) confirm(ls lease) (time.Time, int64, error) {
 		ctx, cancel := context.WithDeadline(context.Background(), vsent.Add(e.cfg.RenewDeadline))
 		term, err := ls.Confirm(ctx, e.target)
 		cancel()
-		if !errors.Is(err, lockconn.ErrTermBusy) {
+		full := lockconn.IsLockTableFull(err)
+		if !full && !errors.Is(err, lockconn.ErrTermBusy) {
 			return vsent, term, e.classifyConfirm(err)
 		}
 		if time.Now().After(giveUp) {
+			if full {
+				return vsent, 0, fmt.Errorf("%w: %w", errTermTableFull, err)
+			}
 			return vsent, 0, errTermStuck
+		}
+		if full {
+			e.log.Debug("the lock table is full: the term waits", zap.Error(err))
+			time.Sleep(min(e.cfg.RenewInterval, time.Until(giveUp)))
 		}
 	}
 }

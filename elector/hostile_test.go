@@ -664,6 +664,70 @@ func TestLeaderKeepsLeadingInAFullLockTable(t *testing.T) {
 	eventually(t, "IsLeader", func() (bool, string) { return a.e.IsLeader(), "" })
 }
 
+// Another role holds the key, and fills the server's lock table while a
+// fenced elector waits for it; then it lets go of the key. The elector's
+// wait is granted, and the installation of its term finds no slot for its
+// transaction's id (SQLSTATE 53200, an ERROR in the server's log). It
+// keeps its session and the lock, tries again every RenewInterval, and
+// leads with that same backend once the table has room. Ending the
+// session there would let the filler make every elector of a fleet drop
+// the lock and reconnect, one after another.
+func TestFencedElectionWaitsOutAFullLockTable(t *testing.T) {
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"max_locks_per_transaction=10", "max_connections=20", "autovacuum=off"}})
+	r := testpg.NewRoles(t, srv)
+	ctx := context.Background()
+	key := testKey(t)
+	v, _ := key.Int64()
+	evil := r.EvilConn(t)
+	if _, err := evil.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", v); err != nil {
+		t.Fatal(err)
+	}
+	const id = "full-term"
+	elected := make(chan uint32, 8)
+	rec := newRecorder(t)
+	start(t, rec, opts{dsn: srv.DSN(), key: key, id: id, fencing: fencingOn, onLead: func(ctx context.Context, l leader.Leadership) {
+		elected <- l.BackendPID
+		<-ctx.Done()
+	}})
+	if err := testpg.WaitWaiter(ctx, mustConn(t, srv), key, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("another role holds %d advisory locks", testpg.FillLockTable(t, evil)+1)
+	if _, err := evil.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)", v); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "three term installations refused for the full lock table", func() (bool, string) {
+		n := len(fullTableLines(srv, id))
+		return n >= 3, fmt.Sprint(n, " so far")
+	})
+	if _, err := evil.Exec(ctx, "SELECT pg_catalog.pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+	var pid uint32
+	select {
+	case pid = <-elected:
+	case <-time.After(waitLong):
+		t.Fatalf("not elected once the table had room: %s", rec.dump())
+	}
+	for _, line := range fullTableLines(srv, id) {
+		if !strings.Contains(line, fmt.Sprintf("[%d] ", pid)) {
+			t.Fatalf("a term installation refused on another session than the one elected (backend %d):\n%s", pid, line)
+		}
+	}
+}
+
+// fullTableLines are the server log's "out of shared memory" errors from
+// sessions named id (the log line prefix is "<time> [<pid>] <name>: ").
+func fullTableLines(srv *testpg.Server, id string) []string {
+	var out []string
+	for _, line := range serverLog(srv) {
+		if strings.Contains(line, "] "+id) && strings.Contains(line, "out of shared memory") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 // A session with no application_name that holds the key (any role may
 // take any advisory lock) is no elector: a follower reports no leader for
 // it, neither through OnNewLeader nor through Leader(), and leads once it

@@ -102,9 +102,14 @@ func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven boo
 	if !proven || e.cfg.Fencing.Enabled || e.staleGrant(sent) {
 		vsent, term, err = e.confirm(ls)
 	}
-	if errors.Is(err, errTermStuck) {
+	switch {
+	case errors.Is(err, errTermStuck):
 		e.log.Error("could not install the next fencing term: a transaction of an earlier leader holds the term row; releasing the lock and campaigning again. Set idle_in_transaction_session_timeout on the connections that call Fence.",
 			zap.String("table", e.cfg.Fencing.Table))
+		return err, e.unlock(ls) == nil
+	case errors.Is(err, errTermTableFull):
+		e.log.Error("could not install the next fencing term: the server's lock table stayed full (another role may hold most of it: see pg_locks); releasing the lock and campaigning again",
+			zap.String("table", e.cfg.Fencing.Table), zap.Error(err))
 		return err, e.unlock(ls) == nil
 	}
 	if err != nil {

@@ -127,7 +127,7 @@ var mutants = []mutant{
 		"\t\t*possiblyHeld = true", "\t\t*possiblyHeld = false",
 		"a grant that raced its lock_timeout is taken for transaction pooling"},
 	{"term-busy-is-fatal", "elector/campaign.go",
-		"if !errors.Is(err, lockconn.ErrTermBusy) {", "if true {",
+		"if !full && !errors.Is(err, lockconn.ErrTermBusy) {", "if !full {",
 		"a busy fencing term row ends the session"},
 
 	// One-shot locks.
@@ -731,6 +731,9 @@ var mutants = []mutant{
 	{"unreserve-fixed-step", "internal/wire/lockconn/handover.go",
 		"\t\ttime.Sleep(pause)\n\t}\n\treturn holder,", "\t\ttime.Sleep(2 * time.Millisecond)\n\t}\n\treturn holder,",
 		"a leader waiting for its named candidate to take the lock reads pg_locks twice every 2 ms for up to 2 s (the whole lock table copied 600 times a second, however full another role made it)"},
+	{"confirm-full-table-ends-session", "elector/campaign.go",
+		"\t\tfull := lockconn.IsLockTableFull(err)\n", "\t\tfull := false && lockconn.IsLockTableFull(err)\n",
+		"a fenced elector whose first term meets a full lock table (another role filled it) ends its session: the lock is let go and the elector reconnects, and a filler can make a fleet's electors do so one after another"},
 	{"request-names-rank", "elector/resign.go",
 		"\tto = identity(to) // the reservation binds to the candidate's identity\n", "",
 		"RequestResign to a ranked application_name reserves the lock for nobody: any candidate may win it once the bound passes"},
