@@ -317,6 +317,39 @@ func TestScriptedTermStuckReleasesAndCampaignsAgain(t *testing.T) {
 	}
 }
 
+// A lock table that stays full past LeaseDuration at the term's
+// installation (another role filled it; SQLSTATE 53200): the elector
+// tries again every RenewInterval, not in a loop of refused statements,
+// then gives the lock back (an unlock, not a closed session) with an
+// Error, is not elected, and campaigns again.
+func TestScriptedTermTableFullReleasesAndCampaignsAgain(t *testing.T) {
+	full := make([]step, 1000)
+	for i := range full {
+		full[i] = step{err: &pgconn.PgError{Code: "53200", Message: "out of shared memory"}}
+	}
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: full}
+	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
+	eventually(t, "an unlock and a new campaign", func() (bool, string) {
+		return ls.count("unlock") > 0 && ls.count("campaign") >= 2,
+			fmt.Sprintf("%d unlocks, %d campaigns", ls.count("unlock"), ls.count("campaign"))
+	})
+	select {
+	case <-sc.elected:
+		t.Fatal("elected without a term")
+	default:
+	}
+	// 300 ms of LeaseDuration, a try every 20 ms: about 15.
+	if n := ls.count("confirm"); n > 40 {
+		t.Fatalf("%d term installations tried before the unlock; want about one per RenewInterval", n)
+	}
+	if n := ls.count("close"); n != 0 {
+		t.Fatalf("the session was closed %d times; want the lock given back on it", n)
+	}
+	if sc.logs.FilterMessageSnippet("lock table stayed full").Len() == 0 {
+		t.Fatal("no error logged for the full lock table")
+	}
+}
+
 // An heir's lock wait granted late (a loaded machine): the round that won
 // was sent more than the trust window ago, so the window it opened has
 // closed by the time it returns. The elector checks the lock once more,
