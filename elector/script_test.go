@@ -297,21 +297,7 @@ func TestScriptedTermBusyThenInstalled(t *testing.T) {
 // lock back (an unlock, not a dropped session), is not elected, and
 // campaigns again.
 func TestScriptedTermStuckReleasesAndCampaignsAgain(t *testing.T) {
-	busy := make([]step, 1000)
-	for i := range busy {
-		busy[i] = step{err: lockconn.ErrTermBusy}
-	}
-	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: busy}
-	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
-	eventually(t, "an unlock and a new campaign", func() (bool, string) {
-		return ls.count("unlock") > 0 && ls.count("campaign") >= 2,
-			fmt.Sprintf("%d unlocks, %d campaigns", ls.count("unlock"), ls.count("campaign"))
-	})
-	select {
-	case <-sc.elected:
-		t.Fatal("elected without a term")
-	default:
-	}
+	_, sc := termNeverInstalled(t, step{err: lockconn.ErrTermBusy})
 	if sc.logs.FilterMessageSnippet("could not install the next fencing term").Len() == 0 {
 		t.Fatal("no error logged for the stuck term")
 	}
@@ -323,21 +309,7 @@ func TestScriptedTermStuckReleasesAndCampaignsAgain(t *testing.T) {
 // then gives the lock back (an unlock, not a closed session) with an
 // Error, is not elected, and campaigns again.
 func TestScriptedTermTableFullReleasesAndCampaignsAgain(t *testing.T) {
-	full := make([]step, 1000)
-	for i := range full {
-		full[i] = step{err: &pgconn.PgError{Code: "53200", Message: "out of shared memory"}}
-	}
-	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: full}
-	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
-	eventually(t, "an unlock and a new campaign", func() (bool, string) {
-		return ls.count("unlock") > 0 && ls.count("campaign") >= 2,
-			fmt.Sprintf("%d unlocks, %d campaigns", ls.count("unlock"), ls.count("campaign"))
-	})
-	select {
-	case <-sc.elected:
-		t.Fatal("elected without a term")
-	default:
-	}
+	ls, sc := termNeverInstalled(t, step{err: &pgconn.PgError{Code: "53200", Message: "out of shared memory"}})
 	// 300 ms of LeaseDuration, a try every 20 ms: about 15.
 	if n := ls.count("confirm"); n > 40 {
 		t.Fatalf("%d term installations tried before the unlock; want about one per RenewInterval", n)
@@ -348,6 +320,29 @@ func TestScriptedTermTableFullReleasesAndCampaignsAgain(t *testing.T) {
 	if sc.logs.FilterMessageSnippet("lock table stayed full").Len() == 0 {
 		t.Fatal("no error logged for the full lock table")
 	}
+}
+
+// termNeverInstalled runs a fenced elector that wins the lock at once and
+// whose every term installation fails with fail, until it gives the lock
+// back and campaigns again, never elected.
+func termNeverInstalled(t *testing.T, fail step) (*scriptLease, *scripted) {
+	t.Helper()
+	fails := make([]step, 1000)
+	for i := range fails {
+		fails[i] = fail
+	}
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: fails}
+	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
+	eventually(t, "an unlock and a new campaign", func() (bool, string) {
+		return ls.count("unlock") > 0 && ls.count("campaign") >= 2,
+			fmt.Sprintf("%d unlocks, %d campaigns", ls.count("unlock"), ls.count("campaign"))
+	})
+	select {
+	case <-sc.elected:
+		t.Fatal("elected without a term")
+	default:
+	}
+	return ls, sc
 }
 
 // An heir's lock wait granted late (a loaded machine): the round that won
