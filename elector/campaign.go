@@ -179,12 +179,12 @@ var errTermTableFull = errors.New("the server's lock table stayed full")
 // started), so each check's own send time anchors the trust window, and
 // its deadline is that plus RenewDeadline: the server's lease runs from
 // after the check, whatever happened before it.
-func (e *Elector) confirm(ls lease) (time.Time, int64, error) {
+func (e *Elector) confirm(ctx context.Context, ls lease) (time.Time, int64, error) {
 	giveUp := time.Now().Add(e.cfg.LeaseDuration)
 	for {
 		vsent := time.Now()
-		ctx, cancel := context.WithDeadline(context.Background(), vsent.Add(e.cfg.RenewDeadline))
-		term, err := ls.Confirm(ctx, e.target)
+		cctx, cancel := context.WithDeadline(context.Background(), vsent.Add(e.cfg.RenewDeadline))
+		term, err := ls.Confirm(cctx, e.target)
 		cancel()
 		full := lockconn.IsLockTableFull(err)
 		if !full && !errors.Is(err, lockconn.ErrTermBusy) {
@@ -198,7 +198,11 @@ func (e *Elector) confirm(ls lease) (time.Time, int64, error) {
 		}
 		if full {
 			e.log.Debug("the lock table is full: the term waits", zap.Error(err))
-			time.Sleep(min(e.cfg.RenewInterval, time.Until(giveUp)))
+			select {
+			case <-ctx.Done(): // Run's end: the session closes, and the lock goes with it
+				return vsent, 0, ctx.Err()
+			case <-time.After(min(e.cfg.RenewInterval, time.Until(giveUp))):
+			}
 		}
 	}
 }

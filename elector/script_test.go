@@ -322,6 +322,31 @@ func TestScriptedTermTableFullReleasesAndCampaignsAgain(t *testing.T) {
 	}
 }
 
+// Run's context ends while a full lock table keeps the first term from
+// being installed (a LeaseDuration of a minute): Run returns at once, not
+// when the elector gives up on the term.
+func TestScriptedTermTableFullStopsAtOnce(t *testing.T) {
+	fails := make([]step, 1000)
+	for i := range fails {
+		fails[i] = step{err: &pgconn.PgError{Code: "53200", Message: "out of shared memory"}}
+	}
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: fails}
+	sc := runScripted(t, ls, func(c *elector.Config) {
+		c.Fencing = elector.Fencing{Enabled: true}
+		c.LeaseDuration, c.RenewDeadline = time.Minute, 20*time.Second
+	})
+	eventually(t, "two term installations tried", func() (bool, string) {
+		return ls.count("confirm") >= 2, fmt.Sprint(ls.count("confirm"))
+	})
+	sc.cancel()
+	select {
+	case err := <-sc.done:
+		sc.done <- err // for the cleanup's wait
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5 s of its context's end while the term waited for room")
+	}
+}
+
 // termNeverInstalled runs a fenced elector that wins the lock at once and
 // whose every term installation fails with fail, until it gives the lock
 // back and campaigns again, never elected.

@@ -100,7 +100,7 @@ type tenureKey struct{}
 func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven bool, waited time.Duration) (reason error, keepConn bool) {
 	vsent, term, err := sent, int64(0), error(nil)
 	if !proven || e.cfg.Fencing.Enabled || e.staleGrant(sent) {
-		vsent, term, err = e.confirm(ls)
+		vsent, term, err = e.confirm(ctx, ls)
 	}
 	switch {
 	case errors.Is(err, errTermStuck):
