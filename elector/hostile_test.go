@@ -685,7 +685,9 @@ func TestFencedElectionWaitsOutAFullLockTable(t *testing.T) {
 	const id = "full-term"
 	elected := make(chan uint32, 8)
 	rec := newRecorder(t)
-	start(t, rec, opts{dsn: srv.DSN(), key: key, id: id, fencing: fencingOn, onLead: func(ctx context.Context, l leader.Leadership) {
+	// A LeaseDuration of 6 s: the elector gives up on the term only after
+	// it (and the test gives the table room after three refusals, 0.3 s).
+	start(t, rec, opts{dsn: srv.DSN(), key: key, id: id, fencing: fencingOn, deadline: 1500 * time.Millisecond, lease: 6 * time.Second, onLead: func(ctx context.Context, l leader.Leadership) {
 		elected <- l.BackendPID
 		<-ctx.Done()
 	}})
