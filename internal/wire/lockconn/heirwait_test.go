@@ -496,11 +496,13 @@ func startTwoHeirs(t *testing.T) *twoHeirs {
 	h.ldr, h.other, h.target = heirWaitSetup(t, h.srv, wait)
 	rctx, cancel := context.WithCancel(ctx)
 	h.ctx = rctx
-	t.Cleanup(func() { cancel(); h.wg.Wait() }) // before the sessions' Close
 	h.key = leader.KeyFromName(t.Name())
 	h.lt = lockconn.NewTarget(h.key, "", "", "")
 	var namedTarget *lockconn.Target
 	h.named, namedTarget = quietSessionOn(t, h.srv, "named-heir", h.key, lockconn.Quiet{Wait: wait, Poll: 100 * time.Millisecond, Heirs: 2, Lease: 60 * time.Second})
+	// Registered after every session's Close, so that it runs before them
+	// (a test may end with a round still waiting: TestUnreserveBacksOff).
+	t.Cleanup(func() { cancel(); h.wg.Wait() })
 	admin, err := h.srv.Connect(ctx)
 	if err != nil {
 		t.Fatal(err)
