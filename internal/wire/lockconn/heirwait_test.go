@@ -723,9 +723,11 @@ func TestUnreserveBacksOff(t *testing.T) {
 }
 
 // ShortenWait bounds the next heir's wait only: the round after it waits
-// its whole Wait again. The server's lock_timeout never ends a wait
-// early, so the second round's lower bound is exact; the first round's
-// bound leaves the machine seconds of slack.
+// its whole Wait again. Both bounds leave the machine seconds of slack:
+// the server times lock_timeout on its wall clock, which a VM's clock
+// slew can make run a little fast against the test's monotonic one (CI
+// saw a whole 8 s wait measured at 7.998 s), and a wait that stayed
+// shortened would end after about 200 ms.
 func TestShortenWaitBoundsOneRound(t *testing.T) {
 	ctx := context.Background()
 	const wait = 8 * time.Second
@@ -742,7 +744,7 @@ func TestShortenWaitBoundsOneRound(t *testing.T) {
 	if code, _, err := heir.WaitRound(ctx, target); err != nil || code != 0 {
 		t.Fatalf("the next round: code %d, %v; want busy", code, err)
 	}
-	if took := time.Since(began); took < wait {
-		t.Fatalf("the round after the shortened one took %s; want its whole wait (%s)", took, wait)
+	if took := time.Since(began); took < wait*3/4 {
+		t.Fatalf("the round after the shortened one took %s; want its whole wait (%s), not a shortened one", took, wait)
 	}
 }
