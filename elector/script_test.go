@@ -326,11 +326,7 @@ func TestScriptedTermTableFullReleasesAndCampaignsAgain(t *testing.T) {
 // being installed (a LeaseDuration of a minute): Run returns at once, not
 // when the elector gives up on the term.
 func TestScriptedTermTableFullStopsAtOnce(t *testing.T) {
-	fails := make([]step, 1000)
-	for i := range fails {
-		fails[i] = step{err: &pgconn.PgError{Code: "53200", Message: "out of shared memory"}}
-	}
-	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: fails}
+	ls := failingConfirms(step{err: &pgconn.PgError{Code: "53200", Message: "out of shared memory"}})
 	sc := runScripted(t, ls, func(c *elector.Config) {
 		c.Fencing = elector.Fencing{Enabled: true}
 		c.LeaseDuration, c.RenewDeadline = time.Minute, 20*time.Second
@@ -347,16 +343,22 @@ func TestScriptedTermTableFullStopsAtOnce(t *testing.T) {
 	}
 }
 
+// failingConfirms scripts a lock won at the first campaign whose every
+// term installation (a thousand) fails with fail.
+func failingConfirms(fail step) *scriptLease {
+	fails := make([]step, 1000)
+	for i := range fails {
+		fails[i] = fail
+	}
+	return &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: fails}
+}
+
 // termNeverInstalled runs a fenced elector that wins the lock at once and
 // whose every term installation fails with fail, until it gives the lock
 // back and campaigns again, never elected.
 func termNeverInstalled(t *testing.T, fail step) (*scriptLease, *scripted) {
 	t.Helper()
-	fails := make([]step, 1000)
-	for i := range fails {
-		fails[i] = fail
-	}
-	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, confirms: fails}
+	ls := failingConfirms(fail)
 	sc := runScripted(t, ls, func(c *elector.Config) { c.Fencing = elector.Fencing{Enabled: true} })
 	eventually(t, "an unlock and a new campaign", func() (bool, string) {
 		return ls.count("unlock") > 0 && ls.count("campaign") >= 2,
