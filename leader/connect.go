@@ -9,10 +9,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 )
 
 // Connector opens a dedicated connection for holding a session advisory
@@ -85,13 +87,17 @@ func ConnectorError(c Connector) error {
 type dsnConnector struct {
 	cfg *pgx.ConnConfig
 	err error
+	// untimed holds, once a connection found PostgreSQL 17 or later, a
+	// copy of cfg that turns transaction_timeout off in the startup
+	// packet (see connect).
+	untimed atomic.Pointer[pgx.ConnConfig]
 }
 
 func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 	if c.err != nil {
 		return nil, c.err
 	}
-	conn, err := pgx.ConnectConfig(ctx, c.cfg)
+	conn, err := c.connect(ctx)
 	err = tidyConnectError(err)
 	var pgErr *pgconn.PgError
 	if err != nil && errors.As(err, &pgErr) {
@@ -104,6 +110,42 @@ func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("%w: every host is a standby: %w", ErrStandby, err)
 	}
 	return conn, err
+}
+
+// connect opens a connection. A role's or the server's
+// transaction_timeout (PostgreSQL 17 and later) ends the session of any
+// transaction that lasts longer; the session turns it off with its first
+// statements, but on a starved server that first transaction can itself
+// outlast a short one. So once a connection has found a server that knows
+// the setting, later ones (the reconnects after a lost session) turn it
+// off in the startup packet, where it takes effect before any
+// transaction. An older server refuses an unknown parameter there (a
+// FATAL it logs), hence not on the first connection; one that refuses it
+// (a failover to an older major) is asked again without it, and no more.
+func (c *dsnConnector) connect(ctx context.Context) (*pgx.Conn, error) {
+	cfg := c.untimed.Load()
+	if cfg == nil {
+		conn, err := pgx.ConnectConfig(ctx, c.cfg)
+		if err == nil && lockconn.ServerMajor(conn) >= 17 {
+			c.untime()
+		}
+		return conn, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: an unrecognized parameter
+		c.untimed.CompareAndSwap(cfg, nil)
+		return pgx.ConnectConfig(ctx, c.cfg)
+	}
+	return conn, err
+}
+
+// untime has later connections turn transaction_timeout off in their
+// startup packet.
+func (c *dsnConnector) untime() {
+	u := c.cfg.Copy()
+	u.RuntimeParams["transaction_timeout"] = "0"
+	c.untimed.CompareAndSwap(nil, u)
 }
 
 // tidyConnectError drops, from a failed connection's message, the line of

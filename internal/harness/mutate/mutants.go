@@ -766,4 +766,13 @@ var mutants = []mutant{
 	{"warm-round-keeps-name", "internal/wire/lockconn/sql/handover.sql",
 		"current_setting('pgleader.owner', true), 1, me, gate, me, code, waited);", "current_setting('pgleader.owner', true), 1, NULL, gate, me, code, waited);",
 		"an heir's warm-up round keeps the name lock it won: no reservation for that heir can be taken, and a handover to it fails"},
+	{"reconnect-keeps-transaction-timeout", "leader/connect.go",
+		"\t\t\tc.untime()\n", "",
+		"a reconnect on PostgreSQL 17+ runs its first transaction under the role's transaction_timeout, which on a starved server ends the session again (killed with PGLEADER_PG_BINDIR naming PostgreSQL 17 or later)"},
+	{"untimed-refusal-fatal", "leader/connect.go",
+		`pgErr.Code == "42704"`, `pgErr.Code == "none"`,
+		"after a failover to a server older than 17, every connection fails on transaction_timeout in its startup packet"},
+	{"untimed-refusal-every-time", "leader/connect.go",
+		"\t\tc.untimed.CompareAndSwap(cfg, nil)\n", "",
+		"after a failover to a server older than 17, every connection is refused once first, a FATAL line in the server's log each time"},
 }
