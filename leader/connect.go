@@ -89,8 +89,10 @@ type dsnConnector struct {
 	err error
 	// untimed holds, once a connection found PostgreSQL 17 or later, a
 	// copy of cfg that turns transaction_timeout off in the startup
-	// packet (see connect).
+	// packet (see connect); refused, once a connection with it was
+	// refused: never again.
 	untimed atomic.Pointer[pgx.ConnConfig]
+	refused atomic.Bool
 }
 
 func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
@@ -119,22 +121,30 @@ func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 // outlast a short one. So once a connection has found a server that knows
 // the setting, later ones (the reconnects after a lost session) turn it
 // off in the startup packet, where it takes effect before any
-// transaction. An older server refuses an unknown parameter there (a
-// FATAL it logs), hence not on the first connection; one that refuses it
-// (a failover to an older major) is asked again without it, and no more.
+// transaction. Not on the first connection: an older server refuses an
+// unknown parameter there (a FATAL it logs), and so does a pooler that
+// does not pass it on (PgBouncer, whatever the server behind it). A
+// connection refused with it is asked again at once without it, and the
+// Connector never sends it again.
 func (c *dsnConnector) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg := c.untimed.Load()
 	if cfg == nil {
 		conn, err := pgx.ConnectConfig(ctx, c.cfg)
-		if err == nil && lockconn.ServerMajor(conn) >= 17 {
+		if err == nil && !c.refused.Load() && lockconn.ServerMajor(conn) >= 17 {
 			c.untime()
 		}
 		return conn, err
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	var pgErr *pgconn.PgError
-	if err != nil && errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: an unrecognized parameter
-		c.untimed.CompareAndSwap(cfg, nil)
+	if err != nil && errors.As(err, &pgErr) {
+		// The server or a pooler answered, and refused: 42704
+		// (unrecognized configuration parameter) from PostgreSQL, 08P01
+		// (unsupported startup parameter) from PgBouncer, or anything
+		// else a pooler may say. A wrong password is asked once more too,
+		// and fails the same.
+		c.refused.Store(true)
+		c.untimed.Store(nil)
 		return pgx.ConnectConfig(ctx, c.cfg)
 	}
 	return conn, err

@@ -79,3 +79,38 @@ func TestDSNAsksAgainWithoutTransactionTimeout(t *testing.T) {
 		t.Fatalf("the server refused transaction_timeout %d times in three connections; want once", n)
 	}
 }
+
+// PgBouncer (session pooling, which pgleader supports) refuses a startup
+// parameter it does not pass on, whatever the server's version: with
+// PostgreSQL 17 or later behind it, every connection after the first
+// would fail. The Connector asks again at once without the parameter, and
+// never sends it again: one refusal in PgBouncer's log at most, however
+// many connections, and none while the server behind it is older than 17
+// (it never learns to send it).
+func TestDSNThroughPgBouncer(t *testing.T) {
+	for _, forced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "learned", true: "forced"}[forced], func(t *testing.T) {
+			srv := server(t)
+			bouncer := testpg.StartPgBouncer(t, srv, "session", 4)
+			c := leader.DSN(bouncer.DSN())
+			want := 0
+			if forced || srv.VersionNum() >= 170000 {
+				want = 1
+			}
+			if forced {
+				leader.Untime(c)
+			}
+			for i := range 4 {
+				ctx := context.Background()
+				conn, err := c.Connect(ctx)
+				if err != nil {
+					t.Fatalf("connection %d through PgBouncer: %v", i+1, err)
+				}
+				conn.Close(ctx)
+			}
+			if n := strings.Count(bouncer.Log(), "closing because: unsupported startup parameter: transaction_timeout"); n != want {
+				t.Fatalf("PgBouncer refused transaction_timeout %d times in four connections; want %d\n%s", n, want, bouncer.Log())
+			}
+		})
+	}
+}

@@ -115,3 +115,9 @@ func (b *PgBouncer) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
 
 // DSN returns a connection string through PgBouncer.
 func (b *PgBouncer) DSN() string { return DSNFor(b.Addr()) }
+
+// Log returns PgBouncer's log so far.
+func (b *PgBouncer) Log() string {
+	out, _ := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
+	return string(out)
+}
