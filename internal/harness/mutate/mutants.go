@@ -778,4 +778,7 @@ var mutants = []mutant{
 	{"untimed-relearned", "leader/connect.go",
 		"err == nil && !c.refused.Load() && lockconn.ServerMajor(conn) >= 17", "err == nil && lockconn.ServerMajor(conn) >= 17",
 		"behind PgBouncer with PostgreSQL 17+, every other connection is refused once first (killed with PGLEADER_PG_BINDIR naming PostgreSQL 17 or later)"},
+	{"setup-untimed-late", "internal/wire/lockconn/lockconn.go",
+		"\t\tstmts = append([][]any{{untimeSQL}}, stmts...)\n", "\t\t_ = untimeSQL\n",
+		"a session's first transaction runs under the role's transaction_timeout until its setup statement: on a starved server a short one ends the session (killed with PGLEADER_PG_BINDIR naming PostgreSQL 17 or later)"},
 }

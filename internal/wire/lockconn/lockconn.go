@@ -231,6 +231,11 @@ const PinnedPath = "pg_catalog, pg_temp"
 // every call and uses no operator, type name, cast or relation.
 const pinSQL = `SELECT pg_catalog.array_to_json(pg_catalog.current_schemas(false)), pg_catalog.set_config('search_path', '` + PinnedPath + `', false)`
 
+// untimeSQL turns transaction_timeout (PostgreSQL 17 and later) off for
+// the session, the running transaction included. Every name is
+// qualified: it runs before the search_path is pinned.
+const untimeSQL = `SELECT pg_catalog.set_config('transaction_timeout', '0', false)`
+
 // Pin pins the search_path of a connection pgleader owns but does not set
 // up as a lock session (an observer's, a resign request's, the CLI's) and
 // returns the schemas of the role's own search_path.
@@ -285,8 +290,9 @@ func execUnnamed(ctx context.Context, conn *pgx.Conn, stmts [][]any) ([][][][]by
 	return out, nil
 }
 
-// Setup configures the session in one round trip and returns it: first
-// the search_path (see PinnedPath), then, in a statement the server
+// Setup configures the session in one round trip and returns it: first,
+// on PostgreSQL 17 and later, transaction_timeout (off: see untimeSQL),
+// then the search_path (see PinnedPath), then, in a statement the server
 // parses only after that, the backend pid, whether the server is a
 // standby, deadlock_timeout, and the settings. A server older than
 // MinMajor gives ErrUnsupportedServer before anything is sent; a standby
@@ -308,10 +314,19 @@ func Setup(ctx context.Context, conn *pgx.Conn, s Settings) (Session, error) {
 		setup = append(setup, kv[1])
 	}
 	setup[0] = sb.String()
-	res, err := execUnnamed(ctx, conn, [][]any{{pinSQL}, setup})
+	stmts := [][]any{{pinSQL}, setup}
+	if sess.Major >= 17 {
+		// First of all: the three statements are one transaction, and a
+		// role's transaction_timeout ends the session if the transaction
+		// outlasts it (on a starved server, a short one can); setting it
+		// to 0 disarms the transaction's timer at once.
+		stmts = append([][]any{{untimeSQL}}, stmts...)
+	}
+	res, err := execUnnamed(ctx, conn, stmts)
 	if err != nil {
 		return sess, err
 	}
+	res = res[len(res)-2:]
 	if sess.Schemas, err = pinned(res[0]); err != nil {
 		return sess, err
 	}

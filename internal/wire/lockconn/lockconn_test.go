@@ -1014,3 +1014,37 @@ func TestAnnounceInAFullLockTable(t *testing.T) {
 		t.Fatalf("announcement %q, want the leader's name (the refused one must not have been sent)", n.Payload)
 	}
 }
+
+// On PostgreSQL 17 and later a session's very first statement turns
+// transaction_timeout off. Setup's statements are one transaction, whose
+// timer runs from its first message: a role's short transaction_timeout
+// ended the session when the rest (the search_path's pin and the setup
+// statement, on a starved server) outlasted it, which CI saw at 300 ms.
+// Set to 0 inside the transaction, the running timer is disarmed at once,
+// so it must come first. The test's own server logs every statement.
+func TestSetupTurnsTransactionTimeoutOffFirst(t *testing.T) {
+	if num := server(t).VersionNum(); num < 170000 {
+		t.Skipf("PostgreSQL %d has no transaction_timeout", num/10000)
+	}
+	srv := testpg.Start(t, testpg.Options{Settings: []string{"log_statement=all", "transaction_timeout=1h"}})
+	ctx := context.Background()
+	conn, err := leader.DSN(srv.DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockconn.Close(conn)
+	if _, err := lockconn.Setup(ctx, conn, lockconn.Settings{Identity: "untimed", LockTimeout: time.Second, Lease: 10 * time.Second, KeepIdle: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	mine := fmt.Sprintf("[%d] ", conn.PgConn().PID())
+	var first string
+	for _, line := range strings.Split(srv.LogTail(1<<20), "\n") {
+		if strings.Contains(line, mine) && (strings.Contains(line, "statement: ") || strings.Contains(line, "execute ")) {
+			first = line
+			break
+		}
+	}
+	if !strings.Contains(first, "set_config('transaction_timeout', '0', false)") {
+		t.Fatalf("the session's first statement: %q; want transaction_timeout turned off", first)
+	}
+}
