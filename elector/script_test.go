@@ -227,6 +227,15 @@ func runScriptedOn(t *testing.T, ls *scriptLease, lease elector.Lease, edit func
 	return sc
 }
 
+// wideTrust widens a scripted elector's trust window from 100 ms to a
+// second, for tests that fail on any demotion: under CI's load (-race
+// beside the version matrix) the process itself was once not scheduled
+// for 100 ms, which is the paused process the window exists for, not the
+// behaviour under test. Renews still come every 20 ms.
+func wideTrust(c *elector.Config) {
+	c.RenewDeadline, c.LeaseDuration = time.Second, 3*time.Second
+}
+
 func (sc *scripted) waitElected(t *testing.T) leader.Leadership {
 	t.Helper()
 	select {
@@ -380,10 +389,11 @@ func termNeverInstalled(t *testing.T, fail step) (*scriptLease, *scripted) {
 // would hand a lock it holds to the next heir (a churn that kept a loaded
 // fleet leaderless for seconds).
 func TestScriptedLateGrantConfirmsBeforeLeading(t *testing.T) {
-	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Proven: true}, sentAgo: 150 * time.Millisecond}}}
+	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Proven: true}, sentAgo: 1500 * time.Millisecond}}}
 	var trustedAtStart bool
 	var once sync.Once
 	sc := runScripted(t, ls, func(c *elector.Config) {
+		wideTrust(c)
 		inner := c.Callbacks.OnElected
 		c.Callbacks.OnElected = func(ctx context.Context, l leader.Leadership) {
 			once.Do(func() { trustedAtStart = ctxTrusted(ctx) })
@@ -486,7 +496,7 @@ func TestScriptedNamelessHolder(t *testing.T) {
 func TestScriptedAnnouncementRefusedByAFullTable(t *testing.T) {
 	full := fmt.Errorf("%w: the leader was not announced: %w", lockconn.ErrLockTableFull, &pgconn.PgError{Severity: "ERROR", Code: "53200", Message: "out of shared memory"})
 	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, renews: []error{full}}
-	sc := runScripted(t, ls, nil)
+	sc := runScripted(t, ls, wideTrust)
 	sc.waitElected(t)
 	eventually(t, "the announcement sent again", func() (bool, string) {
 		return ls.count("announce") >= 2, fmt.Sprintf("%d announcements, %d renews", ls.count("announce"), ls.count("renew"))
@@ -525,7 +535,7 @@ func TestScriptedAnnouncementRefusedByAFullTable(t *testing.T) {
 // budget), leads on, and keeps no more than 256 of them.
 func TestScriptedRankFloodIsBounded(t *testing.T) {
 	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, requests: make(chan lockconn.Request)}
-	sc := runScripted(t, ls, nil)
+	sc := runScripted(t, ls, wideTrust)
 	sc.waitElected(t)
 	began := time.Now()
 	for pid := uint32(1000); pid < 1400; pid++ {
@@ -549,7 +559,7 @@ func TestScriptedRankFloodIsBounded(t *testing.T) {
 // of priority -1 gets no handover.
 func TestScriptedLeavingSkipsALowRank(t *testing.T) {
 	ls := &scriptLease{campaigns: []step{{round: lockconn.Round{Held: true, Free: true}}}, requests: make(chan lockconn.Request)}
-	sc := runScripted(t, ls, nil)
+	sc := runScripted(t, ls, wideTrust)
 	sc.waitElected(t)
 	ls.requests <- lockconn.Request{PID: 77, Rank: &lockconn.Rank{Priority: -1}}
 	ls.requests <- lockconn.Request{PID: 78, Rank: &lockconn.Rank{Priority: -2}} // the first one is recorded
