@@ -26,6 +26,19 @@ func showTransactionTimeout(t *testing.T, c leader.Connector) string {
 	return v
 }
 
+// connectTimes connects through c n times, closing each connection.
+func connectTimes(t *testing.T, c leader.Connector, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		conn, err := c.Connect(ctx)
+		if err != nil {
+			t.Fatalf("connection %d of %d: %v", i+1, n, err)
+		}
+		conn.Close(ctx)
+	}
+}
+
 // On PostgreSQL 17 and later, a DSN Connector's connections after the
 // first turn transaction_timeout off in the startup packet, which wins
 // over the role's setting before any transaction runs: a reconnect on a
@@ -67,14 +80,7 @@ func TestDSNAsksAgainWithoutTransactionTimeout(t *testing.T) {
 		return strings.Count(srv.LogTail(1<<20), `unrecognized configuration parameter "transaction_timeout"`)
 	}
 	before := refusals()
-	for i := range 3 {
-		ctx := context.Background()
-		conn, err := c.Connect(ctx)
-		if err != nil {
-			t.Fatalf("connection %d: %v", i+1, err)
-		}
-		conn.Close(ctx)
-	}
+	connectTimes(t, c, 3)
 	if n := refusals() - before; n != 1 {
 		t.Fatalf("the server refused transaction_timeout %d times in three connections; want once", n)
 	}
@@ -100,14 +106,7 @@ func TestDSNThroughPgBouncer(t *testing.T) {
 			if forced {
 				leader.Untime(c)
 			}
-			for i := range 4 {
-				ctx := context.Background()
-				conn, err := c.Connect(ctx)
-				if err != nil {
-					t.Fatalf("connection %d through PgBouncer: %v", i+1, err)
-				}
-				conn.Close(ctx)
-			}
+			connectTimes(t, c, 4)
 			if n := strings.Count(bouncer.Log(), "closing because: unsupported startup parameter: transaction_timeout"); n != want {
 				t.Fatalf("PgBouncer refused transaction_timeout %d times in four connections; want %d\n%s", n, want, bouncer.Log())
 			}
