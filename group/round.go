@@ -291,9 +291,10 @@ func (g *Group) bump(ctx context.Context, w wire, won []tag) (map[tag]int64, err
 // tableFull handles a full lock table met by an exchange (or by the
 // installation of the terms of the keys it won). A group that
 // fits the table (it passed the start's check) met a table another
-// session filled: no key is taken this round (those won before the error
-// are adopted at the next full round), the session goes on, and the
-// exchange is tried again at the next full round; a Warn at most once a
+// session filled: no key is taken this round, the session goes on, and
+// the keys it wanted are tried again at a scan round (which adopts those
+// won before the error: a try would stack them), due within 5
+// RenewIntervals (hintEvery) while any is in doubt; a Warn at most once a
 // minute, a count in Status, and LastError say so. A group that can never
 // fit ends Run.
 func (g *Group) tableFull(cause error) error {

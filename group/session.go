@@ -65,7 +65,12 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 		if wake != wakeLight || now.Sub(began) >= g.cfg.RenewInterval || g.scanSoon || g.fullSoon || hinted {
 			kind = fullRound
 		}
-		if wake == wakeScan || g.scanSoon || hinted || kind == fullRound && now.Sub(scanned) >= g.scanEvery() {
+		// Keys a failed exchange may have won are taken only by a scan
+		// round, which says whether the session holds them (a try would
+		// stack them): their scan comes at the hints' pace, not after the
+		// periodic scan's pause, which one slow scan can make long.
+		doubt := len(g.st.doubt) > 0 && now.Sub(scanned) >= g.hintEvery()
+		if wake == wakeScan || g.scanSoon || hinted || kind == fullRound && (doubt || now.Sub(scanned) >= g.scanEvery()) {
 			kind = scanRound
 		}
 		g.scanSoon, g.fullSoon = false, false

@@ -781,4 +781,10 @@ var mutants = []mutant{
 	{"setup-untimed-late", "internal/wire/lockconn/lockconn.go",
 		"\t\tstmts = append([][]any{{untimeSQL}}, stmts...)\n", "\t\t_ = untimeSQL\n",
 		"a session's first transaction runs under the role's transaction_timeout until its setup statement: on a starved server a short one ends the session (killed with PGLEADER_PG_BINDIR naming PostgreSQL 17 or later)"},
+	{"doubt-waits-periodic-scan", "group/session.go",
+		"doubt := len(g.st.doubt) > 0 && now.Sub(scanned) >= g.hintEvery()", "doubt := len(g.st.doubt) > 0 && now.Sub(scanned) >= g.scanEvery()",
+		"keys a failed exchange left in doubt (a full lock table) wait for the periodic scan, 200 times the last scan's time: after one slow scan, a member takes no key for tens of seconds once the table has room"},
+	{"doubt-scan-unpaced", "group/session.go",
+		"doubt := len(g.st.doubt) > 0 && now.Sub(scanned) >= g.hintEvery()", "doubt := len(g.st.doubt) > 0",
+		"while another role keeps the lock table full, a member scans pg_locks (a copy of the whole table) at every full round"},
 }
