@@ -661,8 +661,14 @@ func TestUnreserveLetsGoOfAGoneCandidate(t *testing.T) {
 	}()
 	select {
 	case u := <-done:
-		if u.err != nil || u.holder != "" {
-			t.Fatalf("Unreserve: holder %q, %v; want the lock free", u.holder, u.err)
+		// The other heir waits on the key and is granted it at the
+		// leader's unlock; until its round gives it back to the gate
+		// (the reservation still stands then), a look finds it holding
+		// the key (CI, PostgreSQL 18 under the matrix's load). Either
+		// answer is the truth at the look; a wait for the gone candidate
+		// is not.
+		if u.err != nil || u.holder != "" && u.holder != "long-heir" {
+			t.Fatalf("Unreserve: holder %q, %v; want the lock free, or held by the other heir", u.holder, u.err)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Unreserve waited on for a candidate that neither holds nor waits for the lock")
