@@ -107,12 +107,11 @@ func (w *scriptWire) Exchange(ctx context.Context, x lockconn.Exchange) ([]tag, 
 			w.stacked++
 		}
 	}
-	if len(x.Want) > 0 && w.stuckFull {
-		return nil, len(x.Unlock) > 0, fmt.Errorf("%w: %w", lockconn.ErrLockTableFull, &pgconn.PgError{Code: "53200", Message: "out of shared memory"})
-	}
-	if len(x.Want) > 0 && w.tableFull > 0 {
-		w.tableFull--
-		w.held[x.Want[0]] = true
+	if len(x.Want) > 0 && (w.stuckFull || w.tableFull > 0) {
+		if !w.stuckFull {
+			w.tableFull--
+			w.held[x.Want[0]] = true
+		}
 		return nil, len(x.Unlock) > 0, fmt.Errorf("%w: %w", lockconn.ErrLockTableFull, &pgconn.PgError{Code: "53200", Message: "out of shared memory"})
 	}
 	var won []tag
@@ -706,32 +705,38 @@ func TestScriptedBusyTermAdoptedWithoutScan(t *testing.T) {
 	}
 }
 
-// The loop scans at most 0.5% of the member's time: a scan that takes
-// 10 ms runs at most every 2 s, with full rounds (every RenewInterval,
-// 20 ms) between; and it does run again.
-func TestScriptedScansPaced(t *testing.T) {
-	g, _ := scripted(t, 3, func(c *Config) {
-		c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 20*time.Millisecond, 2*time.Second, 3*time.Second
-	})
-	w := newScriptWire("me")
-	w.scanDelay = 10 * time.Millisecond
+// loopUntil runs a scripted member's loop on w, with renews every 20 ms
+// and a trust window of 2 s, until until is true (checked every 5 ms) or
+// 30 s have passed, then stops it; the loop must end without an error.
+func loopUntil(t *testing.T, g *Group, w *scriptWire, until func() bool) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.loop(ctx, w) }()
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		w.mu.Lock()
-		n := len(w.scans)
-		w.mu.Unlock()
-		if n >= 3 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	for !until() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fastRenews is the timing of the scripted loop tests: renews every
+// 20 ms, a trust window of 2 s.
+func fastRenews(c *Config) {
+	c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 20*time.Millisecond, 2*time.Second, 3*time.Second
+}
+
+// The loop scans at most 0.5% of the member's time: a scan that takes
+// 10 ms runs at most every 2 s, with full rounds (every RenewInterval,
+// 20 ms) between; and it does run again.
+func TestScriptedScansPaced(t *testing.T) {
+	g, _ := scripted(t, 3, fastRenews)
+	w := newScriptWire("me")
+	w.scanDelay = 10 * time.Millisecond
+	loopUntil(t, g, w, func() bool { return w.count("scan") >= 3 })
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.scans) < 3 {
@@ -755,24 +760,15 @@ func TestScriptedScansPaced(t *testing.T) {
 // Counted in full rounds, not in time: about 5 between the failed
 // exchange and the scan that takes the keys, against 500 before.
 func TestScriptedDoubtScannedSoon(t *testing.T) {
-	g, _ := scripted(t, 4, func(c *Config) {
-		c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 20*time.Millisecond, 2*time.Second, 3*time.Second
-	})
+	g, _ := scripted(t, 4, fastRenews)
 	w := newScriptWire("me")
 	w.scanDelay = 50 * time.Millisecond
 	w.tableFull = 1 // the first scan round's exchange
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.loop(ctx, w) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for g.leading() < 4 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	checks, scans, leading := w.count("check"), w.count("scan"), g.leading()
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	var checks, scans, leading int
+	loopUntil(t, g, w, func() bool {
+		checks, scans, leading = w.count("check"), w.count("scan"), g.leading()
+		return leading == 4
+	})
 	if leading != 4 || scans != 2 || checks > 25 {
 		t.Fatalf("leading %d of 4 after %d scans and %d full rounds between; want all 4 at the second scan, at most 25 full rounds after the full table", leading, scans, checks)
 	}
@@ -783,23 +779,11 @@ func TestScriptedDoubtScannedSoon(t *testing.T) {
 // filled): one per 5 RenewIntervals, with full rounds that do not scan
 // between (about four per scan here), not a scan at every round.
 func TestScriptedDoubtScansPaced(t *testing.T) {
-	g, _ := scripted(t, 4, func(c *Config) {
-		c.RenewInterval, c.RenewDeadline, c.LeaseDuration = 20*time.Millisecond, 2*time.Second, 3*time.Second
-	})
+	g, _ := scripted(t, 4, fastRenews)
 	w := newScriptWire("me")
 	w.scanDelay = 10 * time.Millisecond
 	w.stuckFull = true
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.loop(ctx, w) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for w.count("check") < 60 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	loopUntil(t, g, w, func() bool { return w.count("check") >= 60 })
 	checks, scans := w.count("check"), w.count("scan")
 	if checks < 60 || scans > checks {
 		t.Fatalf("%d scans and %d full rounds without one while the table stayed full; want fewer scans than those rounds", scans, checks)

@@ -116,9 +116,9 @@ func (c *dsnConnector) Connect(ctx context.Context) (*pgx.Conn, error) {
 
 // connect opens a connection. A role's or the server's
 // transaction_timeout (PostgreSQL 17 and later) ends the session of any
-// transaction that lasts longer; the session turns it off with its first
-// statements, but on a starved server that first transaction can itself
-// outlast a short one. So once a connection has found a server that knows
+// transaction that lasts longer; a session's first statement turns it
+// off (lockconn.Setup), but on a starved server even that statement can
+// come too late. So once a connection has found a server that knows
 // the setting, later ones (the reconnects after a lost session) turn it
 // off in the startup packet, where it takes effect before any
 // transaction. Not on the first connection: an older server refuses an
