@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgleader/pgleader/elector"
 	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -248,8 +250,11 @@ func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
 	r := newRecorder(t)
 	key := testKey(t)
 	var els []*running
+	core, logs := observer.New(zap.WarnLevel)
 	for i := 1; i <= 5; i++ {
-		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: fmt.Sprintf("w-%d", i), deadline: 1500 * time.Millisecond, lease: 2 * time.Second}))
+		id := fmt.Sprintf("w-%d", i)
+		els = append(els, start(t, r, opts{dsn: srv.DSN(), key: key, id: id, deadline: 1500 * time.Millisecond, lease: 2 * time.Second,
+			logger: zap.New(core).With(zap.String("elector", id))}))
 	}
 	first := r.next("elected", "")
 	conn, err := srv.Connect(ctx)
@@ -269,19 +274,24 @@ func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
 	// two rounds is not queued for that moment (on a loaded machine such a
 	// moment can be long), so count over a few rounds: never more than two,
 	// and both of them again at the end.
-	most := 0
+	most, seen := 0, ""
 	for i := 0; i < 2 || len(h.Waiters) != 2; i++ {
 		waitRounds(t, els, 1)
 		if h, err = leader.Holder(ctx, conn, key); err != nil {
 			t.Fatal(err)
 		}
-		most = max(most, len(h.Waiters))
+		if len(h.Waiters) > most {
+			most, seen = len(h.Waiters), queued(t, conn, h)
+		}
 		if i > 200 {
 			t.Fatalf("the two heirs never queue together again (%d waiters)", len(h.Waiters))
 		}
 	}
 	if most > 2 {
-		t.Fatalf("%d sessions queued on the lock, want at most the 2 heirs", most)
+		for _, l := range logs.All() {
+			t.Logf("%s %s %v", l.Time.Format("15:04:05.000"), l.Message, l.ContextMap())
+		}
+		t.Fatalf("%d sessions queued on the lock, want at most the 2 heirs: %s", most, seen)
 	}
 	pids := []uint32{h.Holder.PID}
 	for _, w := range h.Waiters {
@@ -293,6 +303,29 @@ func TestWatchersElectWhenLeaderAndHeirsDie(t *testing.T) {
 	r.next("demoted", first.id)
 	next := r.next("elected", "")
 	t.Logf("after the leader %s and both heirs lost their sessions, %s was elected", first.id, next.id)
+}
+
+// queued names the sessions h saw queued, each with the locks it holds in
+// pgleader's own space (an heir holds one of the key's heir slots), for a
+// failure's message.
+func queued(t *testing.T, conn *pgx.Conn, h leader.HolderInfo) string {
+	t.Helper()
+	var out []string
+	for _, w := range h.Waiters {
+		var held []string
+		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+		rows, err := conn.Query(ctx, `SELECT format('%s/%s', objid, objsubid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND pid = $1 AND classid = $2::oid`, int32(w.PID), int64(uint32(lockconn.Space)))
+		if err == nil {
+			held, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s (pid %d, started %s; holds %v)", w.Identity, w.PID, w.BackendStart.Format("15:04:05.000"), held))
+	}
+	return strings.Join(out, ", ")
 }
 
 // An heir behind a silent network (a black-holed proxy: nothing answers,
