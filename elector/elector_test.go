@@ -535,13 +535,16 @@ func (o *countingObserver) Reconnecting(leader.Key, string, int, time.Duration, 
 }
 
 // A follower keeps its one session across campaign rounds: a lock wait that
-// times out is a normal round, not a connection problem.
+// times out is a normal round, not a connection problem. The leader trusts
+// for longer than the test's default (a loaded machine that stalls it past
+// a 500 ms RenewDeadline would demote it, and the follower, its only heir,
+// would lead): the follower's own timings are the defaults.
 func TestFollowerKeepsItsSession(t *testing.T) {
 	waitsForRounds(t)
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	key := testKey(t)
-	start(t, r, opts{dsn: srv.DSN(), key: key, id: "keeper-leader"})
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "keeper-leader", deadline: 3 * time.Second, lease: 10 * time.Second})
 	r.next("elected", "keeper-leader")
 	obs := &countingObserver{}
 	e, err := elector.New(elector.Config{
@@ -563,11 +566,13 @@ func TestFollowerKeepsItsSession(t *testing.T) {
 	deadline := time.Now().Add(waitLong)
 	for e.Leader() != "keeper-leader" || pid() == 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("follower never saw the leader")
+			t.Fatalf("follower never saw the leader (it sees %q; its session's pid %d; %+v)", e.Leader(), pid(), e.Status())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	first := pid()
+	// Five rounds: an heir's each lasts its lock wait.
+	deadline = time.Now().Add(waitLong + 5*elector.HeirWait(e))
 	rounds, last := 0, e.Status().LastRound
 	for rounds < 5 {
 		if time.Now().After(deadline) {

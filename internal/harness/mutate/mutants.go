@@ -787,4 +787,10 @@ var mutants = []mutant{
 	{"doubt-scan-unpaced", "group/session.go",
 		"doubt := len(g.st.doubt) > 0 && now.Sub(scanned) >= g.hintEvery()", "doubt := len(g.st.doubt) > 0",
 		"while another role keeps the lock table full, a member scans pg_locks (a copy of the whole table) at every full round"},
+	{"setup-refusal-always-lasting", "internal/wire/lockconn/quiet.go",
+		"if qerr != nil && (ctx.Err() != nil || !lasting(qerr)) {", "if qerr != nil && ctx.Err() != nil {",
+		"a refusal of the quiet functions that may pass (a lock wait on pg_proc past lock_timeout, a full lock table) leaves the session on the plain round for its life: it queues on the lock every round without an heir slot, and each round's lock_timeout is an ERROR in the server's log"},
+	{"setup-refusal-never-lasting", "internal/wire/lockconn/quiet.go",
+		"	case \"08\", \"40\", \"53\", \"55\", \"57\", \"58\":\n\t\treturn false\n\t}\n\treturn true\n", "	case \"08\", \"40\", \"53\", \"55\", \"57\", \"58\":\n\t\treturn false\n\t}\n\treturn false\n",
+		"a role without the TEMP privilege never gets a session: its setup fails and reconnects for ever, where the plain round would elect"},
 }

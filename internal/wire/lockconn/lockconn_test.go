@@ -1048,3 +1048,56 @@ func TestSetupTurnsTransactionTimeoutOffFirst(t *testing.T) {
 		t.Fatalf("the session's first statement: %q; want transaction_timeout turned off", first)
 	}
 }
+
+// A refusal to create the quiet functions that may pass is Watch's error,
+// and the next Watch on the session creates them: here a lock wait on
+// pg_proc past the session's lock_timeout (autovacuum truncating pg_proc
+// holds it exclusively for a moment; any role's LOCK on it does too). A
+// session that took it for lasting kept the plain round for its life: a
+// lock wait, and a lock_timeout ERROR in the server's log, every round (the
+// only way an elector's follower queues without an heir slot: seen as four
+// sessions queued on one key in CI, 2026-12-04). A lasting refusal (no
+// TEMP privilege) still gives the plain round: elector's
+// TestRoleWithoutTempFallsBack.
+func TestWatchRetriesARefusalThatMayPass(t *testing.T) {
+	srv := testpg.Start(t) // pg_proc locked: no other test's session on this server
+	ctx := context.Background()
+	admin, err := srv.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE pg_catalog.pg_proc IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := leader.DSN(srv.DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := lockconn.Open(ctx, conn, lockconn.Settings{Identity: "refused-once", LockTimeout: 200 * time.Millisecond, Lease: 10 * time.Second, KeepIdle: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	target := lockconn.NewTarget(leader.KeyFromName(t.Name()), "", "", "")
+	q := lockconn.Quiet{Wait: 200 * time.Millisecond, Poll: 50 * time.Millisecond, Heirs: 2}
+	if quiet, _, err := ls.Watch(ctx, target, q); !lockconn.IsLockTimeout(err) {
+		t.Fatalf("Watch while pg_proc is locked: quiet %v, error %v; want the lock timeout", quiet, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if quiet, _, err := ls.Watch(ctx, target, q); err != nil || !quiet {
+		t.Fatalf("Watch once pg_proc is free: quiet %v, %v; want the quiet round", quiet, err)
+	}
+	// The quiet round proves the lock its own in the round (the plain one
+	// does not).
+	if r, err := ls.Campaign(ctx, target, false); err != nil || !r.Held || !r.Proven {
+		t.Fatalf("first round: %+v %v, want the lock won and proven by the quiet round", r, err)
+	}
+}

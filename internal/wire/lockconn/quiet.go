@@ -175,8 +175,10 @@ func newFollower(t *Target, q Quiet, identity string) *follower {
 // one round trip, and reports whether the quiet campaign is on. In a second
 // round trip it returns the holder seen now (one pg_locks read per
 // connection), for Leader() before the first notification. When the
-// functions cannot be created the session keeps the plain round, and that
-// is no error. Call it once per session and target. A follower does not
+// server will never create the functions (no TEMP privilege, a read-only
+// session: see lasting) the session keeps the plain round, and that is no
+// error; a refusal that may pass is Watch's error, and the next call tries
+// again. Call it once per session and target. A follower does not
 // listen for resign requests (a flood of them would wake it for nothing);
 // a leader does, from its first renew (Announce) to its unlock.
 func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, holder string, err error) {
@@ -193,12 +195,11 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 		// lock and stays, which is harmless). The functions are rows in
 		// the catalog: the commit writes WAL, and waits for no
 		// synchronous standby (the session's synchronous_commit is local).
-		l.funcsTried = true
 		_, qerr := l.conn.Exec(ctx, quietFuncs+"\n"+join, pgx.QueryExecModeSimpleProtocol)
-		if qerr != nil && ctx.Err() != nil {
+		if qerr != nil && (ctx.Err() != nil || !lasting(qerr)) {
 			return false, "", qerr
 		}
-		l.funcs = qerr == nil
+		l.funcsTried, l.funcs = true, qerr == nil
 	case l.funcs:
 		if _, err := l.conn.Exec(ctx, join, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return false, "", err
@@ -216,6 +217,27 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 	}
 	l.watchedPID = pid
 	return l.f != nil, holder, nil
+}
+
+// lasting reports whether err, the server's refusal to create the quiet
+// functions, will refuse every later try on the session too: anything but
+// a refusal that may pass, which a session that fell back to the plain
+// round for good would turn into a lock wait, and a lock_timeout ERROR in
+// the server's log, every round for its life. Those that may pass: a lock
+// wait past the session's lock_timeout (autovacuum truncating pg_proc holds
+// it exclusively for a moment; so does any role's LOCK on it), a full lock
+// table (53200, which any role can cause), a deadlock or serialization
+// failure, a cancel; and no answer from the server at all.
+func lasting(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "55", "57", "58":
+		return false
+	}
+	return true
 }
 
 // WatchedPID is the backend pid of the holder the last Watch saw (0:
