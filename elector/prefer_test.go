@@ -22,11 +22,18 @@ import (
 // startRanked runs an elector with a rank.
 func startRanked(t *testing.T, r *recorder, dsn string, key leader.Key, id string, s leader.Strategy, prio int, version string) *running {
 	t.Helper()
+	return startRankedLogged(t, r, dsn, key, id, s, prio, version, nil)
+}
+
+// startRankedLogged is startRanked with the elector's log to log (nil: the
+// tests' default).
+func startRankedLogged(t *testing.T, r *recorder, dsn string, key leader.Key, id string, s leader.Strategy, prio int, version string, log *zap.Logger) *running {
+	t.Helper()
 	// A wider trust window than the default tests': these tests check why
 	// each leader stepped down, and a tenure lost to a renew starved on a
 	// loaded machine (CI: "a-v1 demoted with pgleader: connection lost")
 	// is another reason.
-	return startWith(t, r, opts{dsn: dsn, key: key, id: id, deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond}, func(c *elector.Config) {
+	return startWith(t, r, opts{dsn: dsn, key: key, id: id, deadline: 1500 * time.Millisecond, lease: 4500 * time.Millisecond, logger: log}, func(c *elector.Config) {
 		c.Strategy, c.Priority, c.Version = s, prio, version
 	})
 }
@@ -115,10 +122,13 @@ func TestRolloutOldestVersion(t *testing.T) {
 	rec := newRecorder(t)
 	key := testKey(t)
 	s := leader.OldestVersion
-	olds := []*running{startRanked(t, rec, srv.DSN(), key, "a-v1", s, 0, "1.0.0")}
+	// The v1 electors' handover lines, for a failure's message.
+	core, logs := observer.New(zap.InfoLevel)
+	logged := func(id string) *zap.Logger { return zap.New(core).With(zap.String("elector", id)) }
+	olds := []*running{startRankedLogged(t, rec, srv.DSN(), key, "a-v1", s, 0, "1.0.0", logged("a-v1"))}
 	rec.next("elected", "a-v1")
-	olds = append(olds, startRanked(t, rec, srv.DSN(), key, "b-v1", s, 0, "1.0.0"),
-		startRanked(t, rec, srv.DSN(), key, "c-v1", s, 0, "1.0.0"))
+	olds = append(olds, startRankedLogged(t, rec, srv.DSN(), key, "b-v1", s, 0, "1.0.0", logged("b-v1")),
+		startRankedLogged(t, rec, srv.DSN(), key, "c-v1", s, 0, "1.0.0", logged("c-v1")))
 	ldr := olds[0]
 	knows(t, ldr, "1.0.0", 0)
 	var news []*running
@@ -142,6 +152,9 @@ func TestRolloutOldestVersion(t *testing.T) {
 		// The leader left: the next one is the oldest version standing.
 		next := rec.next("elected", "").id
 		if want := i < len(olds)-1; strings.HasSuffix(next, "-v1") != want {
+			for _, l := range logs.FilterMessageSnippet("hand").All() {
+				t.Logf("%s %s %v", l.Time.Format("15:04:05.000"), l.Message, l.ContextMap())
+			}
 			t.Fatalf("after %s left, %s leads (v1 candidates left: %v)", old.e.Identity(), next, want)
 		}
 		for _, r := range append(slices.Clone(olds), news...) {
