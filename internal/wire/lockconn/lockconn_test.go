@@ -1052,7 +1052,7 @@ func TestSetupTurnsTransactionTimeoutOffFirst(t *testing.T) {
 // A refusal to create the quiet functions that may pass is Watch's error,
 // and the next Watch on the session creates them: here a lock wait on
 // pg_proc past the session's lock_timeout (autovacuum truncating pg_proc
-// holds it exclusively for a moment; any role's LOCK on it does too). A
+// holds it exclusively for a moment; an administrator's LOCK on it does too). A
 // session that took it for lasting kept the plain round for its life: a
 // lock wait, and a lock_timeout ERROR in the server's log, every round (the
 // only way an elector's follower queues without an heir slot: seen as four

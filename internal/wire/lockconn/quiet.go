@@ -225,7 +225,7 @@ func (l *Lease) Watch(ctx context.Context, t *Target, q Quiet) (quiet bool, hold
 // round for good would turn into a lock wait, and a lock_timeout ERROR in
 // the server's log, every round for its life. Those that may pass: a lock
 // wait past the session's lock_timeout (autovacuum truncating pg_proc holds
-// it exclusively for a moment; so does any role's LOCK on it), a full lock
+// it exclusively for a moment; so does an administrator's LOCK on it), a full lock
 // table (53200, which any role can cause), a deadlock or serialization
 // failure, a cancel; and no answer from the server at all.
 func lasting(err error) bool {
