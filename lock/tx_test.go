@@ -221,7 +221,8 @@ func TestLockTxOverridesStatementTimeout(t *testing.T) {
 	if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1::int8)", id); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, "postgres://impatient@"+srv.Addr()+"/postgres?sslmode=disable")
+	dsn := "postgres://impatient@" + srv.Addr() + "/postgres?sslmode=disable"
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +251,7 @@ func TestLockTxOverridesStatementTimeout(t *testing.T) {
 		}
 		t.Logf("try %d: the answer came after the caller's deadline (%s): %v", try, took, err)
 		if conn.IsClosed() {
-			if conn, err = pgx.Connect(ctx, "postgres://impatient@"+srv.Addr()+"/postgres?sslmode=disable"); err != nil {
+			if conn, err = pgx.Connect(ctx, dsn); err != nil {
 				t.Fatal(err)
 			}
 			defer conn.Close(ctx)
@@ -263,7 +264,6 @@ func TestLockTxOverridesStatementTimeout(t *testing.T) {
 	if took < wait*3/4 {
 		t.Fatalf("LockTx gave up after %s, before its deadline of %s", took, wait)
 	}
-	tx.Rollback(ctx)
 	var st string
 	if err := conn.QueryRow(ctx, "SHOW statement_timeout").Scan(&st); err != nil || st != "200ms" {
 		t.Fatalf("statement_timeout after LockTx: %q, %v", st, err)
