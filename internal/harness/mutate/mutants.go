@@ -793,4 +793,13 @@ var mutants = []mutant{
 	{"setup-refusal-never-lasting", "internal/wire/lockconn/quiet.go",
 		"	case \"08\", \"40\", \"53\", \"55\", \"57\", \"58\":\n\t\treturn false\n\t}\n\treturn true\n", "	case \"08\", \"40\", \"53\", \"55\", \"57\", \"58\":\n\t\treturn false\n\t}\n\treturn false\n",
 		"a role without the TEMP privilege never gets a session: its setup fails and reconnects for ever, where the plain round would elect"},
+	{"group-try-any-token", "internal/wire/lockconn/sql/group.sql",
+		"current_setting('pgleader.owner', true) = $2 AND NOT pg_is_in_recovery()\n    THEN pg_try_advisory_lock(a, b)", "NOT pg_is_in_recovery()\n    THEN pg_try_advisory_lock(a, b)",
+		"a light round's tries run on a backend where another client's state replaced the member's (DISCARD ALL behind a pooler): pair keys are taken on a session nobody renews, and stay unled while it lives"},
+	{"group-unlock-pid-or-token", "internal/wire/lockconn/sql/group.sql",
+		"(WHERE CASE WHEN pg_backend_pid() = $1 AND current_setting('pgleader.owner', true) = $2 AND NOT pg_is_in_recovery()\n  THEN pg_advisory_unlock(k)", "(WHERE CASE WHEN (pg_backend_pid() = $1 OR current_setting('pgleader.owner', true) = $2) AND NOT pg_is_in_recovery()\n  THEN pg_advisory_unlock(k)",
+		"a light round's unlocks pass their guard on the pid or the token alone: a member releases bigint keys on a backend where another client's state replaced its own (DISCARD ALL), or on another backend a transaction pooler gave its token"},
+	{"group-try-on-standby", "internal/wire/lockconn/sql/group.sql",
+		" AND NOT pg_is_in_recovery()\n    THEN pg_try_advisory_lock(k)", "\n    THEN pg_try_advisory_lock(k)",
+		"a light round on a server that became a standby takes bigint keys there before its check is read"},
 }

@@ -1,0 +1,169 @@
+package lockconn_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgleader/pgleader/internal/testpg"
+	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/leader"
+)
+
+// The keys of the member tests, one of each form: a bigint key (as
+// pg_locks shows it: the high and the low half, objsubid 1) and a pair key
+// (objsubid 2), outside pgleader's space.
+var (
+	memberHeld8  = lockconn.Tag3{C: 0x0001_2345, O: 0x6789_0001, S: 1}
+	memberHeld2  = lockconn.Tag3{C: 0x0001_2345, O: 0x6789_0002, S: 2}
+	memberWant8  = lockconn.Tag3{C: 0x0001_2345, O: 0x6789_0003, S: 1}
+	memberWant2  = lockconn.Tag3{C: 0x0001_2345, O: 0x6789_0004, S: 2}
+	memberAllTag = []lockconn.Tag3{memberHeld8, memberHeld2, memberWant8, memberWant2}
+)
+
+// lockSQL is the call that takes (or, with fn "pg_advisory_unlock",
+// releases) k by hand.
+func lockSQL(fn string, k lockconn.Tag3) (string, []any) {
+	if k.S == 1 {
+		return "SELECT " + fn + "($1::int8)", []any{int64(k.C)<<32 | int64(k.O)}
+	}
+	return "SELECT " + fn + "($1::int4, $2::int4)", []any{int32(k.C), int32(k.O)}
+}
+
+// heldBy reports whether backend pid holds k exclusively, as pg_locks
+// shows it to admin (a session of the same server).
+func heldBy(t *testing.T, admin *pgx.Conn, pid uint32, k lockconn.Tag3) bool {
+	t.Helper()
+	var n int
+	err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
+		AND classid = $2::oid AND objid = $3::oid AND objsubid = $4 AND granted AND mode = 'ExclusiveLock'`,
+		int32(pid), k.C, k.O, k.S).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// exchangeBoth runs a light round's exchange (the check in the same round
+// trip) that releases the two held keys and tries the two wanted ones.
+func exchangeBoth(m *lockconn.Member) (won []lockconn.Tag3, unlocked bool, err error) {
+	return m.Exchange(context.Background(), lockconn.Exchange{Check: true,
+		Unlock: []lockconn.Tag3{memberHeld8, memberHeld2}, Want: []lockconn.Tag3{memberWant8, memberWant2},
+		Marker: lockconn.GroupMarker("member-guards", 4)})
+}
+
+// A light round sends its exchange in the same round trip as the check
+// that proves the session, so the server runs the unlocks and the tries
+// before the client reads the check's answer: each statement must itself
+// do nothing on a backend other than the session's own (a transaction
+// pooler's, or its pid reused), on one where another client's state
+// replaced the token (DISCARD ALL), and on a standby. Otherwise a member
+// whose backend changed hands would take keys on a backend nobody renews
+// (held there, unled, until it ends) or release another client's locks.
+// Each statement is checked for both key forms; a right session is the
+// control: the same exchange releases and wins every key.
+func TestMemberExchangeGuards(t *testing.T) {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	conn, sess := session(t, "member-guards", time.Second)
+	hold := func(t *testing.T) {
+		t.Helper()
+		for _, k := range []lockconn.Tag3{memberHeld8, memberHeld2} {
+			if !heldBy(t, admin, sess.PID, k) {
+				q, args := lockSQL("pg_advisory_lock", k)
+				if _, err := conn.Exec(ctx, q, args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		sess lockconn.Session
+	}{
+		{"another backend's pid", lockconn.Session{PID: sess.PID + 1, Token: sess.Token}},
+		{"another client's token", lockconn.Session{PID: sess.PID, Token: sess.Token + "0"}},
+		{"no token", lockconn.Session{PID: sess.PID}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			hold(t)
+			m := lockconn.NewMember(conn, c.sess, "member-guards", "m")
+			won, unlocked, err := exchangeBoth(m)
+			if !errors.Is(err, lockconn.ErrTransactionPooling) || len(won) > 0 || unlocked {
+				t.Fatalf("exchange: won %v, unlocked %v, %v; want ErrTransactionPooling and nothing done", won, unlocked, err)
+			}
+			for _, k := range []lockconn.Tag3{memberHeld8, memberHeld2} {
+				if !heldBy(t, admin, sess.PID, k) {
+					t.Errorf("%v was released by an exchange whose session is not this backend's", k)
+				}
+			}
+			for _, k := range []lockconn.Tag3{memberWant8, memberWant2} {
+				if heldBy(t, admin, sess.PID, k) {
+					t.Errorf("%v was taken by an exchange whose session is not this backend's", k)
+				}
+			}
+		})
+	}
+	t.Run("the session's own", func(t *testing.T) {
+		hold(t)
+		m := lockconn.NewMember(conn, sess, "member-guards", "m")
+		won, unlocked, err := exchangeBoth(m)
+		if err != nil || !unlocked || len(won) != 2 {
+			t.Fatalf("exchange: won %v, unlocked %v, %v; want both released and both won", won, unlocked, err)
+		}
+		for _, k := range memberAllTag {
+			want := k == memberWant8 || k == memberWant2
+			if got := heldBy(t, admin, sess.PID, k); got != want {
+				t.Errorf("%v held %v after the exchange, want %v", k, got, want)
+			}
+		}
+	})
+}
+
+// The same on a hot standby, where advisory locks work: a session there
+// (with its own pid and token, as a member's would have had on the
+// primary before a failover turned its server into a standby: the
+// session's setup refuses a standby, so the test sets its token by hand)
+// must neither release nor take a key.
+func TestMemberExchangeRefusesAStandby(t *testing.T) {
+	ctx := context.Background()
+	_, standby := testpg.StartWithStandby(t)
+	conn, err := leader.DSN(standby.DSN()).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	admin, err := standby.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var pid int32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), set_config('pgleader.owner', 'standby-token', false)").Scan(&pid, new(string)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []lockconn.Tag3{memberHeld8, memberHeld2} {
+		q, args := lockSQL("pg_advisory_lock", k)
+		if _, err := conn.Exec(ctx, q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := lockconn.NewMember(conn, lockconn.Session{PID: uint32(pid), Token: "standby-token"}, "member-guards", "m")
+	won, unlocked, err := exchangeBoth(m)
+	if !errors.Is(err, lockconn.ErrStandby) || len(won) > 0 || unlocked {
+		t.Fatalf("exchange on a standby: won %v, unlocked %v, %v; want ErrStandby and nothing done", won, unlocked, err)
+	}
+	for _, k := range memberAllTag {
+		want := k == memberHeld8 || k == memberHeld2
+		if got := heldBy(t, admin, uint32(pid), k); got != want {
+			t.Errorf("%v held %v on the standby after the exchange, want %v (held by hand before it)", k, got, want)
+		}
+	}
+}
