@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,7 +157,7 @@ func TestGroupIgnoresForeignMember(t *testing.T) {
 	srv := sharedServer(t)
 	r := testpg.NewRoles(t, srv)
 	grp := t.Name()
-	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name="+url.QueryEscape("ghost [P99]"))
+	evil, err := pgx.Connect(context.Background(), r.EvilDSN+"&application_name="+url.PathEscape("ghost [P99]"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +176,66 @@ func TestGroupIgnoresForeignMember(t *testing.T) {
 	if st := m.g.Status(); len(st.Eligible) != 1 || st.Eligible[0] != "m-a" || len(st.Ranks) != 0 {
 		t.Fatalf("eligible %v, ranks %v", st.Eligible, st.Ranks)
 	}
+}
+
+// A session of the group's own role that waits for the roster lock (an
+// operator's pg_advisory_lock on it, meant to stop the group, queues
+// behind the members' shared holds) is no member either: only a session
+// that holds the lock is. Were it counted, the keys assigned to it would
+// go unled while it waits: every key here, as its name claims the best
+// rank there is. The members run without their crash watch, which would
+// hide it: it finds no member lock of such a "member", reports it gone,
+// and keeps it out of the members until it is listed again RenewDeadline
+// later (the keys then move to it and back, every RenewDeadline).
+func TestGroupIgnoresQueuedRosterSession(t *testing.T) {
+	srv := sharedServer(t)
+	r := testpg.NewRoles(t, srv)
+	grp := t.Name()
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 6)
+	start := func(id string) *member {
+		return runMember(t, group.Config{
+			Connect: leader.DSN(r.AppDSN), Group: grp, Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+			RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+			SingleConnection: true, Logger: testLogger(t, nil),
+		})
+	}
+	a, b := start("m-a"), start("m-b")
+	balanced(t, w, len(keys), 3, 3, "m-a", "m-b")
+	waiter, err := pgx.Connect(context.Background(), r.AppDSN+"&application_name="+url.PathEscape("ghost [P99]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close(context.Background())
+	c, o := inspect.GroupRoster(grp)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", int32(c), int32(o))
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		recv(t, done, "the waiter's end")
+	}()
+	admin := mustConn(t, srv)
+	eventually(t, "the waiter queued on the roster lock", func() (bool, string) {
+		var n int
+		err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND classid = $1::oid AND objid = $2::oid AND objsubid = 2 AND NOT granted`, c, o).Scan(&n)
+		return err == nil && n == 1, fmt.Sprint(n, " queued, ", err)
+	})
+	sa, sb := a.g.Status().Scans, b.g.Status().Scans
+	eventually(t, "both members scanned twice since", func() (bool, string) {
+		na, nb := a.g.Status().Scans, b.g.Status().Scans
+		return na >= sa+2 && nb >= sb+2, fmt.Sprint(na-sa, " and ", nb-sb, " scans")
+	})
+	for _, m := range []*member{a, b} {
+		if got := m.g.Members(); !slices.Equal(got, []string{"m-a", "m-b"}) {
+			t.Errorf("members: %v, want [m-a m-b] (a session waiting for the roster lock is no member)", got)
+		}
+	}
+	balanced(t, w, len(keys), 3, 3, "m-a", "m-b")
 }
 
 // Another role that holds the roster lock exclusively keeps a member from

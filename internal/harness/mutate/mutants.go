@@ -802,4 +802,7 @@ var mutants = []mutant{
 	{"group-try-on-standby", "internal/wire/lockconn/sql/group.sql",
 		" AND NOT pg_is_in_recovery()\n    THEN pg_try_advisory_lock(k)", "\n    THEN pg_try_advisory_lock(k)",
 		"a light round on a server that became a standby takes bigint keys there before its check is read"},
+	{"group-member-queued", "internal/wire/lockconn/sql/group.sql",
+		"WHERE l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2 AND l.granted\n", "WHERE l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2\n",
+		"a session of the group's role that waits for the roster lock (an operator's pg_advisory_lock on it) is a member: the keys assigned to it go unled while it waits (with the crash watch on, they move to it and back every RenewDeadline)"},
 }
