@@ -805,4 +805,11 @@ var mutants = []mutant{
 	{"group-member-queued", "internal/wire/lockconn/sql/group.sql",
 		"WHERE l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2 AND l.granted\n", "WHERE l.classid = $1::oid AND l.objid = $2::oid AND l.objsubid = 2\n",
 		"a session of the group's role that waits for the roster lock (an operator's pg_advisory_lock on it) is a member: the keys assigned to it go unled while it waits (with the crash watch on, they move to it and back every RenewDeadline)"},
+	{"group-join-pid-or-token", "internal/wire/lockconn/sql/group.sql",
+		"SELECT CASE WHEN NOT coalesce(pg_backend_pid() = $5 AND current_setting('pgleader.owner', true) = $6 AND NOT pg_is_in_recovery(), false) THEN NULL",
+		"SELECT CASE WHEN NOT coalesce((pg_backend_pid() = $5 OR current_setting('pgleader.owner', true) = $6) AND NOT pg_is_in_recovery(), false) THEN NULL",
+		"a member that joins late (before its round's check) joins on a backend where another client's state replaced its own, or on another backend a transaction pooler gave its token: a roster lock there makes a \"member\" nobody runs"},
+	{"group-member-lock-on-standby", "internal/wire/lockconn/sql/group.sql",
+		"= $4 AND NOT pg_is_in_recovery(), false)\n  THEN pg_try_advisory_lock($1, $2) END", "= $4, false)\n  THEN pg_try_advisory_lock($1, $2) END",
+		"a member's session on a standby takes its member lock there"},
 }

@@ -146,14 +146,37 @@ func (m *Member) ExclusiveHolder(ctx context.Context, obj int32) (SpaceHolder, e
 
 // TakeMemberLock takes this member's own lock (one session per identity):
 // false when another session holds it, whose holder is then returned.
+// Like every statement of a member that takes or releases a lock, it does
+// nothing on a backend other than the session's own (ErrTransactionPooling)
+// or on a standby (ErrStandby).
 func (m *Member) TakeMemberLock(ctx context.Context) (bool, SpaceHolder, error) {
-	var mine bool
+	var mine *bool
+	var standby bool
 	lock := MemberLock(m.group, m.identity)
-	if err := m.conn.QueryRow(ctx, statement("group", "member_lock"), Space, lock).Scan(&mine); err != nil || mine {
-		return mine, SpaceHolder{}, err
+	err := m.conn.QueryRow(ctx, statement("group", "member_lock"), Space, lock, int32(m.sess.PID), m.sess.Token).Scan(&mine, &standby)
+	if err == nil {
+		err = m.guarded(mine, standby)
+	}
+	if err != nil {
+		return false, SpaceHolder{}, err
+	}
+	if *mine {
+		return true, SpaceHolder{}, nil
 	}
 	h, err := m.ExclusiveHolder(ctx, lock)
 	return false, h, err
+}
+
+// guarded says why a guarded statement (member_lock, join) refused to run
+// (its answer NULL): a standby, or a backend not the session's own.
+func (m *Member) guarded(answer *bool, standby bool) error {
+	switch {
+	case standby:
+		return ErrStandby
+	case answer == nil:
+		return fmt.Errorf("%w: the session's backend (pid %d) or its token is not this connection's", ErrTransactionPooling, m.sess.PID)
+	}
+	return nil
 }
 
 // Listen listens on the group's channel and this member's own.
@@ -165,12 +188,22 @@ func (m *Member) Listen(ctx context.Context) error {
 
 // Join takes the roster lock in share mode, which makes this session a
 // member, and tells the group; false when another session holds the
-// roster exclusively (RosterHolder says who).
+// roster exclusively (RosterHolder says who). A round that has not joined
+// yet joins before its check, so the statement guards itself: nothing on a
+// backend other than the session's own (ErrTransactionPooling) or on a
+// standby (ErrStandby).
 func (m *Member) Join(ctx context.Context) (bool, error) {
-	var ok bool
+	var ok *bool
+	var standby bool
 	err := m.conn.QueryRow(ctx, statement("group", "join"), Space, m.roster, m.channel,
-		EncodeGroup(GroupMessage{Kind: GroupJoined})).Scan(&ok)
-	return ok, err
+		EncodeGroup(GroupMessage{Kind: GroupJoined}), int32(m.sess.PID), m.sess.Token).Scan(&ok, &standby)
+	if err == nil {
+		err = m.guarded(ok, standby)
+	}
+	if err != nil {
+		return false, err
+	}
+	return *ok, nil
 }
 
 // RosterHolder says who holds the roster lock exclusively.

@@ -47,6 +47,34 @@ func heldBy(t *testing.T, admin *pgx.Conn, pid uint32, k lockconn.Tag3) bool {
 	return n > 0
 }
 
+// inSpace counts the locks backend pid holds, in any mode, in pgleader's
+// own space (the member and roster locks).
+func inSpace(t *testing.T, admin *pgx.Conn, pid uint32) int {
+	t.Helper()
+	var n int
+	err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
+		AND classid = $2::oid AND granted`, int32(pid), uint32(lockconn.Space)).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// joinRefused checks that a member whose session is refused (want: the
+// error) neither takes its member lock nor joins.
+func joinRefused(t *testing.T, m *lockconn.Member, admin *pgx.Conn, pid uint32, want error) {
+	t.Helper()
+	if ok, _, err := m.TakeMemberLock(context.Background()); !errors.Is(err, want) || ok {
+		t.Errorf("TakeMemberLock: %v, %v; want %v and nothing taken", ok, err, want)
+	}
+	if ok, err := m.Join(context.Background()); !errors.Is(err, want) || ok {
+		t.Errorf("Join: %v, %v; want %v and nothing taken", ok, err, want)
+	}
+	if n := inSpace(t, admin, pid); n != 0 {
+		t.Errorf("%d locks taken in pgleader's space by a member lock or join that was refused", n)
+	}
+}
+
 // exchangeBoth runs a light round's exchange (the check in the same round
 // trip) that releases the two held keys and tries the two wanted ones.
 func exchangeBoth(m *lockconn.Member) (won []lockconn.Tag3, unlocked bool, err error) {
@@ -64,7 +92,9 @@ func exchangeBoth(m *lockconn.Member) (won []lockconn.Tag3, unlocked bool, err e
 // whose backend changed hands would take keys on a backend nobody renews
 // (held there, unled, until it ends) or release another client's locks.
 // Each statement is checked for both key forms; a right session is the
-// control: the same exchange releases and wins every key.
+// control: the same exchange releases and wins every key. The member lock
+// and the join guard themselves the same way (a round that has not joined
+// yet joins before its check).
 func TestMemberExchangeGuards(t *testing.T) {
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, server(t).DSN())
@@ -109,6 +139,7 @@ func TestMemberExchangeGuards(t *testing.T) {
 					t.Errorf("%v was taken by an exchange whose session is not this backend's", k)
 				}
 			}
+			joinRefused(t, m, admin, sess.PID, lockconn.ErrTransactionPooling)
 		})
 	}
 	t.Run("the session's own", func(t *testing.T) {
@@ -124,14 +155,22 @@ func TestMemberExchangeGuards(t *testing.T) {
 				t.Errorf("%v held %v after the exchange, want %v", k, got, want)
 			}
 		}
+		if ok, _, err := m.TakeMemberLock(ctx); err != nil || !ok {
+			t.Errorf("TakeMemberLock: %v, %v; want it taken", ok, err)
+		}
+		if ok, err := m.Join(ctx); err != nil || !ok {
+			t.Errorf("Join: %v, %v; want joined", ok, err)
+		}
+		if n := inSpace(t, admin, sess.PID); n != 2 {
+			t.Errorf("%d locks in pgleader's space after the member lock and the join, want 2", n)
+		}
 	})
 }
 
 // The same on a hot standby, where advisory locks work: a session there
-// (with its own pid and token, as a member's would have had on the
-// primary before a failover turned its server into a standby: the
-// session's setup refuses a standby, so the test sets its token by hand)
-// must neither release nor take a key.
+// (with its own pid and token; the session's setup refuses a standby, so
+// the test sets its token by hand) must neither release nor take a key,
+// nor take its member lock or join.
 func TestMemberExchangeRefusesAStandby(t *testing.T) {
 	ctx := context.Background()
 	_, standby := testpg.StartWithStandby(t)
@@ -166,4 +205,5 @@ func TestMemberExchangeRefusesAStandby(t *testing.T) {
 			t.Errorf("%v held %v on the standby after the exchange, want %v (held by hand before it)", k, got, want)
 		}
 	}
+	joinRefused(t, m, admin, uint32(pid), lockconn.ErrStandby)
 }

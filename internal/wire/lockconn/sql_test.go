@@ -81,7 +81,7 @@ func TestGoldenStatements(t *testing.T) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test -run TestGoldenStatements -update ./internal/wire/lockconn to write it)", err)
+		t.Fatalf("%v (run go test ./internal/wire/lockconn -run TestGoldenStatements -update to write it)", err)
 	}
 	if got != string(want) {
 		t.Fatalf("the statements differ from %s: review the SQL diff, then run with -update:\n%s", path, firstDiff(string(want), got))

@@ -4,8 +4,12 @@
 -- session's backend pid and token (exchange_guard).
 
 -- name: member_lock
--- The member lock (Space, $2): one session per identity in a group.
-SELECT pg_try_advisory_lock($1, $2)
+-- The member lock (Space, $2): one session per identity in a group. NULL,
+-- with nothing taken, on a backend other than the session's own ($3, with
+-- its token $4) or on a standby (the second column), as every statement
+-- here that takes or releases a lock.
+SELECT CASE WHEN coalesce(pg_backend_pid() = $3 AND current_setting('pgleader.owner', true) = $4 AND NOT pg_is_in_recovery(), false)
+  THEN pg_try_advisory_lock($1, $2) END, pg_is_in_recovery()
 
 -- name: join
 -- Take the roster lock ($1, $2) in share mode and, only when it was
@@ -14,8 +18,12 @@ SELECT pg_try_advisory_lock($1, $2)
 -- A NOTIFY's commit waits for the server-wide notify queue lock, under
 -- lock_timeout, and a timeout there is an ERROR the server logs with no
 -- statement: every statement that notifies turns lock_timeout off for its
--- own transaction (the caller's deadline bounds the wait).
-SELECT CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN (SELECT true FROM pg_notify($3, $4)) ELSE false END
+-- own transaction (the caller's deadline bounds the wait). NULL, with
+-- nothing taken, on a backend other than the session's own ($5, with its
+-- token $6) or on a standby (the second column): a round that has not
+-- joined yet joins before its check.
+SELECT CASE WHEN NOT coalesce(pg_backend_pid() = $5 AND current_setting('pgleader.owner', true) = $6 AND NOT pg_is_in_recovery(), false) THEN NULL
+  WHEN pg_try_advisory_lock_shared($1, $2) THEN (SELECT true FROM pg_notify($3, $4)) ELSE false END, pg_is_in_recovery()
 FROM (SELECT set_config('lock_timeout', '0', true)) s
 
 -- name: exclusive_holder
