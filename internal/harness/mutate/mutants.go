@@ -812,4 +812,8 @@ var mutants = []mutant{
 	{"group-member-lock-on-standby", "internal/wire/lockconn/sql/group.sql",
 		"= $4 AND NOT pg_is_in_recovery(), false)\n  THEN pg_try_advisory_lock($1, $2) END", "= $4, false)\n  THEN pg_try_advisory_lock($1, $2) END",
 		"a member's session on a standby takes its member lock there"},
+	{"group-leave-pid-or-token", "internal/wire/lockconn/sql/group.sql",
+		"SELECT CASE WHEN coalesce(pg_backend_pid() = $3 AND current_setting('pgleader.owner', true) = $4, false)\n  THEN (SELECT true FROM (SELECT pg_advisory_unlock_all())",
+		"SELECT CASE WHEN coalesce(pg_backend_pid() = $3 OR current_setting('pgleader.owner', true) = $4, false)\n  THEN (SELECT true FROM (SELECT pg_advisory_unlock_all())",
+		"a leaving member's unlock-all runs on a backend where another client's state replaced its own, or on another backend a transaction pooler gave its token: it frees that client's locks"},
 }

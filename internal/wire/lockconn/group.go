@@ -167,7 +167,7 @@ func (m *Member) TakeMemberLock(ctx context.Context) (bool, SpaceHolder, error) 
 	return false, h, err
 }
 
-// guarded says why a guarded statement (member_lock, join) refused to run
+// guarded says why a guarded statement (member_lock, join, leave) refused to run
 // (its answer NULL): a standby, or a backend not the session's own.
 func (m *Member) guarded(answer *bool, standby bool) error {
 	switch {
@@ -493,10 +493,16 @@ func (m *Member) Broadcast(ctx context.Context, msgs []GroupMessage, marker stri
 	return m.conn.SendBatch(ctx, b).Close()
 }
 
-// Leave frees the member's every lock and tells the group it is gone.
+// Leave frees the member's every lock and tells the group it is gone; on
+// a backend other than the session's own it frees and tells nothing
+// (ErrTransactionPooling): the locks there are another client's.
 func (m *Member) Leave(ctx context.Context) error {
-	_, err := m.conn.Exec(ctx, statement("group", "leave"), m.channel,
-		EncodeGroup(GroupMessage{Kind: GroupGone, Member: m.identity}))
+	var left *bool
+	err := m.conn.QueryRow(ctx, statement("group", "leave"), m.channel,
+		EncodeGroup(GroupMessage{Kind: GroupGone, Member: m.identity}), int32(m.sess.PID), m.sess.Token).Scan(&left, new(string))
+	if err == nil {
+		err = m.guarded(left, false)
+	}
 	return err
 }
 

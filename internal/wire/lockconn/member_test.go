@@ -94,7 +94,8 @@ func exchangeBoth(m *lockconn.Member) (won []lockconn.Tag3, unlocked bool, err e
 // Each statement is checked for both key forms; a right session is the
 // control: the same exchange releases and wins every key. The member lock
 // and the join guard themselves the same way (a round that has not joined
-// yet joins before its check).
+// yet joins before its check), and so does leaving, whose unlock-all would
+// free another client's locks.
 func TestMemberExchangeGuards(t *testing.T) {
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, server(t).DSN())
@@ -140,6 +141,16 @@ func TestMemberExchangeGuards(t *testing.T) {
 				}
 			}
 			joinRefused(t, m, admin, sess.PID, lockconn.ErrTransactionPooling)
+			// Leaving frees every lock of the backend: none of another
+			// client's.
+			if err := m.Leave(ctx); !errors.Is(err, lockconn.ErrTransactionPooling) {
+				t.Errorf("Leave: %v, want ErrTransactionPooling", err)
+			}
+			for _, k := range []lockconn.Tag3{memberHeld8, memberHeld2} {
+				if !heldBy(t, admin, sess.PID, k) {
+					t.Errorf("%v was released by a Leave whose session is not this backend's", k)
+				}
+			}
 		})
 	}
 	t.Run("the session's own", func(t *testing.T) {
@@ -163,6 +174,17 @@ func TestMemberExchangeGuards(t *testing.T) {
 		}
 		if n := inSpace(t, admin, sess.PID); n != 2 {
 			t.Errorf("%d locks in pgleader's space after the member lock and the join, want 2", n)
+		}
+		if err := m.Leave(ctx); err != nil {
+			t.Errorf("Leave: %v", err)
+		}
+		for _, k := range memberAllTag {
+			if heldBy(t, admin, sess.PID, k) {
+				t.Errorf("%v still held after Leave", k)
+			}
+		}
+		if n := inSpace(t, admin, sess.PID); n != 0 {
+			t.Errorf("%d locks in pgleader's space after Leave, want 0", n)
 		}
 	})
 }

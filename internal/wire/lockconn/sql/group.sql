@@ -7,7 +7,7 @@
 -- The member lock (Space, $2): one session per identity in a group. NULL,
 -- with nothing taken, on a backend other than the session's own ($3, with
 -- its token $4) or on a standby (the second column), as every statement
--- here that takes or releases a lock.
+-- here that takes or releases a lock (leave frees nothing there either).
 SELECT CASE WHEN coalesce(pg_backend_pid() = $3 AND current_setting('pgleader.owner', true) = $4 AND NOT pg_is_in_recovery(), false)
   THEN pg_try_advisory_lock($1, $2) END, pg_is_in_recovery()
 
@@ -107,5 +107,8 @@ RETURNING classid, objid, objsubid, term
 -- name: leave
 -- Free every lock of the session (keys, member and roster locks), then
 -- tell the group on $1 (payload $2): the NOTIFY goes out at commit,
--- after the unlocks.
-SELECT pg_advisory_unlock_all(), pg_notify($1, $2), set_config('lock_timeout', '0', true)
+-- after the unlocks. NULL, with nothing freed or told, on a backend other
+-- than the session's own ($3, with its token $4), whose locks are another
+-- client's.
+SELECT CASE WHEN coalesce(pg_backend_pid() = $3 AND current_setting('pgleader.owner', true) = $4, false)
+  THEN (SELECT true FROM (SELECT pg_advisory_unlock_all()) u, pg_notify($1, $2) n) END, set_config('lock_timeout', '0', true)
