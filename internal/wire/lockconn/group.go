@@ -146,9 +146,9 @@ func (m *Member) ExclusiveHolder(ctx context.Context, obj int32) (SpaceHolder, e
 
 // TakeMemberLock takes this member's own lock (one session per identity):
 // false when another session holds it, whose holder is then returned.
-// Like every statement of a member that takes or releases a lock, it does
-// nothing on a backend other than the session's own (ErrTransactionPooling)
-// or on a standby (ErrStandby).
+// Like every statement of a member that takes a lock, it does nothing on
+// a backend other than the session's own (ErrTransactionPooling) or on a
+// standby (ErrStandby).
 func (m *Member) TakeMemberLock(ctx context.Context) (bool, SpaceHolder, error) {
 	var mine *bool
 	var standby bool

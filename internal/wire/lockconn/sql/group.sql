@@ -7,7 +7,8 @@
 -- The member lock (Space, $2): one session per identity in a group. NULL,
 -- with nothing taken, on a backend other than the session's own ($3, with
 -- its token $4) or on a standby (the second column), as every statement
--- here that takes or releases a lock (leave frees nothing there either).
+-- here that takes a lock; leave, which frees them, frees nothing on a
+-- backend other than the session's own either.
 SELECT CASE WHEN coalesce(pg_backend_pid() = $3 AND current_setting('pgleader.owner', true) = $4 AND NOT pg_is_in_recovery(), false)
   THEN pg_try_advisory_lock($1, $2) END, pg_is_in_recovery()
 
