@@ -387,6 +387,72 @@ func TestGroupSilentMember(t *testing.T) {
 	balanced(t, w, 12, 6, 6, "sa", "sb")
 }
 
+// A member whose server answers late (its session alive, a round not
+// answered within the trust window) stops trusting its keys at the
+// window's end and cancels every OnElected, but keeps its session, and so
+// its locks, until those calls have returned: ending the session at once
+// would let the other member lead a key while this one's OnElected still
+// works (its drain here goes on for a second after its context's end),
+// and the watch fails on that, without excusing the slow member. The slow
+// member does not connect again once its replies are slowed, so that the
+// other one ends up leading every key.
+func TestGroupLateAnswerKeepsLocksWhileDraining(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 12)
+	p := newProxy(t, srv)
+	startMember(t, srv.DSN(), t.Name(), "fa", keys, w)
+	cb := w.callbacks("sl")
+	elected, demotedCB := cb.OnElected, cb.OnDemoted
+	cb.OnElected = func(ctx context.Context, l leader.Leadership) {
+		dctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		stop := context.AfterFunc(ctx, func() { time.AfterFunc(time.Second, cancel) })
+		defer stop()
+		elected(dctx, l)
+	}
+	var mu sync.Mutex
+	reasons := map[string]error{}
+	cb.OnDemoted = func(l leader.Leadership, reason error) {
+		mu.Lock()
+		reasons[l.Key.String()] = reason
+		mu.Unlock()
+		demotedCB(l, reason)
+	}
+	var down atomic.Bool
+	connect := leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+		if down.Load() {
+			return nil, errors.New("this member stays down")
+		}
+		return pgx.Connect(ctx, p.DSN())
+	})
+	runMember(t, group.Config{Connect: connect, Group: t.Name(), Keys: keys, Identity: "sl", Callbacks: cb,
+		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
+		Logger: testLogger(t, nil)})
+	balanced(t, w, 12, 6, 6, "fa", "sl")
+	mu.Lock()
+	clear(reasons)
+	mu.Unlock()
+	down.Store(true)
+	p.DelayReplies(800 * time.Millisecond)
+	eventually(t, "fa leads every key", func() (bool, string) {
+		c, n := w.counts()
+		return n == 12 && c["fa"] == 12, fmt.Sprint(c)
+	})
+	eventually(t, "sl's 6 OnDemoted", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(reasons) == 6, fmt.Sprint(reasons)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for k, r := range reasons {
+		if !errors.Is(r, leader.ErrRenewDeadline) {
+			t.Errorf("key %s: sl demoted with %v, want ErrRenewDeadline", k, r)
+		}
+	}
+}
+
 // slowMember configures a member whose rounds are 3 s apart: a takeover
 // well inside one interval can only come from the crash watch.
 func slowMember(t *testing.T, w *groupWatch, keys []leader.Key, id string, connect leader.Connector) group.Config {

@@ -51,6 +51,10 @@ type actions struct {
 	// adopt: locks held without a tenure (won in a round that failed
 	// after the grant) that are this member's: led from now on.
 	adopt []tag
+	// keep: locks held without a tenure whose key's OnElected still runs
+	// (a trust window that lapsed ended the tenure, and a late answer kept
+	// the session): neither released nor adopted before it returns.
+	keep []tag
 	// want: free keys of this member's, tried in the exchange.
 	want []tag
 }
@@ -160,8 +164,10 @@ func planHolds(st *state, in input, a *actions) map[tag]resignHold {
 
 // planLeftovers decides the locks held without a tenure (won in a round
 // that failed after the grant, or by an exchange that met a full lock
-// table): adopted when this member's and not ending, else released. A
-// scan lists them among the keys held; between scans they are st.extra.
+// table, or kept after a lapse): adopted when this member's and not
+// ending, kept while an ended tenure's OnElected still runs on it (see
+// roundContext), else released. A scan lists them among the keys held;
+// between scans they are st.extra.
 func planLeftovers(st *state, in input, mine ownership, a *actions) {
 	held := st.extra
 	if in.scanned {
@@ -171,6 +177,10 @@ func planLeftovers(st *state, in input, mine ownership, a *actions) {
 		ks := st.keys[k]
 		if ks != nil && (ks.phase == phaseLeading || ks.phase == phaseHanding) {
 			continue // a tenure: planTenure's
+		}
+		if ks != nil && ks.phase == phaseEnding && ks.tenure != nil && !ks.tenure.returned() {
+			a.keep = append(a.keep, k) // released before it returns, another member could lead it meanwhile
+			continue
 		}
 		if ks != nil && mine.of(k, ks) && ks.phase != phaseEnding {
 			a.adopt = append(a.adopt, k)

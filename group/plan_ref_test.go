@@ -120,7 +120,7 @@ func randomRound(r *rand.Rand) (*state, input) {
 
 // normalized sorts every list of a's (their order is unspecified).
 func normalized(a actions) actions {
-	for _, l := range []*[]tag{&a.lost, &a.expired, &a.selfHold, &a.unlock, &a.released, &a.overran, &a.adopt, &a.want} {
+	for _, l := range []*[]tag{&a.lost, &a.expired, &a.selfHold, &a.unlock, &a.released, &a.overran, &a.adopt, &a.want, &a.keep} {
 		*l = sorted(*l)
 		if len(*l) == 0 {
 			*l = nil
@@ -213,6 +213,10 @@ func refPlanLeftovers(st *state, held, mine map[tag]bool, a *actions) {
 	for k := range held {
 		ks := st.keys[k]
 		if ks != nil && (ks.phase == phaseLeading || ks.phase == phaseHanding) || unlocking[k] {
+			continue
+		}
+		if ks != nil && ks.phase == phaseEnding && ks.tenure != nil && !ks.tenure.returned() {
+			a.keep = append(a.keep, k) // since 2026-12-05: a lapse's locks wait for OnElected
 			continue
 		}
 		if mine[k] && (ks == nil || ks.phase != phaseEnding) {

@@ -40,20 +40,21 @@ func (g *Group) round(ctx context.Context, w wire, kind roundKind) error {
 	}
 	full := kind != lightRound
 	// While it leads keys, the round must answer within the trust window
-	// (a deadline already past fails it at once: the keys are in doubt).
+	// (a deadline already past ends the tenures at once: the keys are in
+	// doubt; see roundContext for how long the session stays open).
 	deadline := g.st.trustEnd
 	if !leading {
 		deadline = sent.Add(g.cfg.RenewDeadline)
 	}
 	g.mu.Unlock()
-	rctx, cancel := context.WithDeadline(context.Background(), deadline)
+	rctx, cancel := g.roundContext(deadline)
 	defer cancel()
 	in := input{full: full, scanned: kind == scanRound}
 	if full {
 		sc, err := g.read(rctx, w, in.scanned)
 		if err != nil {
 			if rctx.Err() != nil {
-				return fmt.Errorf("%w: no answer within the trust window: %w", leader.ErrRenewDeadline, err)
+				return fmt.Errorf("%w: no answer within the trust window (%v)", leader.ErrRenewDeadline, err)
 			}
 			return err
 		}
@@ -81,7 +82,13 @@ func (g *Group) round(ctx context.Context, w wire, kind roundKind) error {
 	a := plan(&g.st, in)
 	g.apply(a, in)
 	g.mu.Unlock()
-	return g.exchange(rctx, w, full, a)
+	if err := g.exchange(rctx, w, full, a); err != nil {
+		if rctx.Err() != nil {
+			return fmt.Errorf("%w: no answer within the trust window (%v)", leader.ErrRenewDeadline, err)
+		}
+		return err
+	}
+	return nil
 }
 
 // read is a full round's read: the member joins first if it could not
@@ -144,6 +151,9 @@ func (g *Group) apply(a actions, in input) {
 	}
 	if in.scanned {
 		st.extra, st.doubt = nil, nil // the scan's held has them
+		if len(a.keep) > 0 {
+			st.leftover(a.keep...) // still held, decided once OnElected returned
+		}
 	}
 }
 
@@ -223,6 +233,18 @@ func (g *Group) released(a actions) {
 // the locks for the next full round, which adopts them.
 func (g *Group) won(ctx context.Context, w wire, won []tag) error {
 	if len(won) == 0 {
+		return nil
+	}
+	g.mu.Lock()
+	lapsed := !time.Now().Before(g.st.trustEnd)
+	if lapsed {
+		// The answer came after the trust window's end: no OnElected
+		// begins without trust. The locks are kept, and adopted by a
+		// round that renews the window.
+		g.st.leftover(won...)
+	}
+	g.mu.Unlock()
+	if lapsed {
 		return nil
 	}
 	termOf := map[tag]int64{}

@@ -250,29 +250,154 @@ func (g *Group) leading() int {
 	return n
 }
 
-// A light round after the trust window closed is made full: only a round
-// that proves the keys may go on with them.
+// A light round after the trust window closed is made full, and the keys,
+// in doubt since the window's end, are demoted (ErrRenewDeadline) before
+// it sends anything: a proof that comes after the window's end leads
+// nothing on. Their locks stay held (the session may still be alive): the
+// next full round, its window renewed, adopts them once their OnDemoted
+// has run, with no try (a try on a held key stacks the lock).
 func TestScriptedLightRoundAfterTrustWindowIsFull(t *testing.T) {
-	g, _ := scripted(t, 4, nil)
-	w := newScriptWire("me")
+	g, _, w, demoted := leadingThree(t)
 	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 4 {
-		t.Fatalf("first round: %v, leading %d", err, g.leading())
-	}
 	if err := g.round(ctx, w, lightRound); err != nil || w.count("round") != 1 {
 		t.Fatalf("a light round within the window: %v, %d full rounds", err, w.count("round"))
 	}
 	g.mu.Lock()
 	g.st.trustEnd = time.Now().Add(-time.Millisecond)
+	before := map[tag]*tenure{}
+	for k, ks := range g.st.keys {
+		before[k] = ks.tenure
+	}
 	g.mu.Unlock()
 	if err := g.round(ctx, w, lightRound); err != nil {
 		t.Fatal(err)
 	}
 	if n := w.count("round"); n != 2 {
-		t.Fatalf("%d full rounds; a light round past the trust window must scan", n)
+		t.Fatalf("%d full rounds; a light round past the trust window must prove the session", n)
 	}
-	if !g.IsLeader(g.cfg.Keys[0]) {
-		t.Fatal("the full round proved the keys, and IsLeader is false")
+	g.mu.Lock()
+	for k, ks := range g.st.keys {
+		// A key whose OnDemoted already ran may be adopted by this very
+		// round (its check, sent after the lapse, proved the session):
+		// a new tenure. The old one must not go on.
+		if ks.tenure == before[k] && ks.phase == phaseLeading {
+			t.Errorf("key %v: its tenure went on past the trust window", ks.key)
+		}
+	}
+	g.mu.Unlock()
+	for range 3 {
+		demotedWith(t, demoted, leader.ErrRenewDeadline, "no OnDemoted after the trust window lapsed")
+	}
+	waitFree(t, g)
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 3 || w.stacked != 0 || len(w.held) != 3 {
+		t.Fatalf("after OnDemoted, a full round: leading %d, %d tries of a held key, %d held; want the 3 adopted", g.leading(), w.stacked, len(w.held))
+	}
+}
+
+// waitFree waits until no key of g has an OnDemoted to come (each is free,
+// or led by a tenure begun since).
+func waitFree(t *testing.T, g *Group) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g.mu.Lock()
+		busy := 0
+		for _, ks := range g.st.keys {
+			if ks.phase == phaseEnding || ks.phase == phaseHanding {
+				busy++
+			}
+		}
+		g.mu.Unlock()
+		if busy == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys still ending after 10 s", busy)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// An exchange that wins keys but answers after the trust window's end
+// begins no tenure (no OnElected starts without trust): the locks are
+// kept, and the next full round, its window renewed, adopts them with no
+// try (a try on a held key stacks the lock).
+func TestScriptedLateWinBeginsNothing(t *testing.T) {
+	g, _ := scripted(t, 3, nil)
+	w := newScriptWire("me")
+	w.onExchange = func() {
+		g.mu.Lock()
+		g.st.trustEnd = time.Now().Add(-time.Millisecond) // the answer comes late
+		g.mu.Unlock()
+	}
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 0 || len(w.held) != 3 {
+		t.Fatalf("a win answered after the window's end: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
+	}
+	w.onExchange = nil
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 3 || w.stacked != 0 {
+		t.Fatalf("the next full round: leading %d, %d tries of a held key; want the 3 adopted", g.leading(), w.stacked)
+	}
+}
+
+// A lapse (no round answered within the trust window) ends every tenure
+// at once, but the locks whose OnElected still runs stay held, through
+// light, full and scan rounds, until it returns: released earlier, another
+// member could lead a key this one still works on. Then they are the
+// member's again (adopted, not tried: the session still holds them).
+func TestScriptedLapseKeepsLocksUntilOnElectedReturns(t *testing.T) {
+	release := make(chan struct{})
+	demoted := make(chan error, 4)
+	g, keys := scripted(t, 3, func(c *Config) {
+		c.Callbacks.OnElected = func(ctx context.Context, _ leader.Leadership) {
+			<-ctx.Done()
+			<-release
+		}
+		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
+	})
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	g.mu.Lock()
+	g.st.trustEnd = time.Now().Add(-time.Millisecond)
+	g.mu.Unlock()
+	for i, kind := range []roundKind{scanRound, lightRound, fullRound, scanRound, fullRound} {
+		if err := g.round(ctx, w, kind); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if g.IsLeader(keys[0]) || g.leading() != 0 {
+			t.Fatalf("round %d: leading %d after the lapse", i, g.leading())
+		}
+		if len(w.held) != 3 {
+			t.Fatalf("round %d: %d locks held while OnElected still runs; want the 3 kept", i, len(w.held))
+		}
+	}
+	select {
+	case r := <-demoted:
+		t.Fatalf("OnDemoted (%v) before OnElected returned", r)
+	default:
+	}
+	close(release)
+	for range 3 {
+		demotedWith(t, demoted, leader.ErrRenewDeadline, "no OnDemoted after OnElected returned")
+	}
+	waitFree(t, g)
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 3 || w.stacked != 0 || len(w.held) != 3 {
+		t.Fatalf("after OnDemoted, a full round: leading %d, %d tries of a held key, %d held; want the 3 adopted", g.leading(), w.stacked, len(w.held))
 	}
 }
 
@@ -640,8 +765,11 @@ func TestScriptedFaultDuringStopDrainIsTheReason(t *testing.T) {
 func TestScriptedFullRoundProvesTheSession(t *testing.T) {
 	g, keys, w, demoted := leadingThree(t)
 	ctx := context.Background()
+	// A window about to close (one that closed demotes every key before
+	// the round: TestScriptedLightRoundAfterTrustWindowIsFull).
+	old := time.Now().Add(time.Second)
 	g.mu.Lock()
-	g.st.trustEnd = time.Now().Add(-time.Millisecond)
+	g.st.trustEnd = old
 	g.mu.Unlock()
 	w.mu.Lock()
 	delete(w.held, tagOf(keys[0]))
@@ -652,8 +780,11 @@ func TestScriptedFullRoundProvesTheSession(t *testing.T) {
 	if w.count("scan") != 1 || w.count("check") != 1 {
 		t.Fatalf("a full round: %d scans, %d checks; want the check alone", w.count("scan"), w.count("check"))
 	}
-	if !g.IsLeader(keys[1]) || g.leading() != 3 {
-		t.Fatalf("the full round did not renew the trust window (leading %d)", g.leading())
+	g.mu.Lock()
+	renewed := g.st.trustEnd.After(old)
+	g.mu.Unlock()
+	if !renewed || !g.IsLeader(keys[1]) || g.leading() != 3 {
+		t.Fatalf("the full round did not renew the trust window (renewed %v, leading %d)", renewed, g.leading())
 	}
 	if st := g.Status(); st.Rounds != 2 || st.Scans != 1 || !st.LastScan.Before(st.LastRound) {
 		t.Fatalf("status after a scan and a full round: rounds %d, scans %d, last scan %s, last round %s", st.Rounds, st.Scans, st.LastScan, st.LastRound)
