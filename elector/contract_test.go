@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -101,6 +102,45 @@ func TestRenewDeadlineFromLastSuccess(t *testing.T) {
 	t.Logf("stepped down %s after the path went silent (RenewDeadline %s)", took, deadline)
 	if took > deadline+200*time.Millisecond {
 		t.Fatalf("stepped down %s after the last successful renew; RenewDeadline is %s", took, deadline)
+	}
+}
+
+// A leader whose server answers late (its session alive, a renew not
+// answered within the trust window) stops trusting the lock when the
+// window closes and cancels OnElected, but keeps its session, and so the
+// lock, until OnElected has returned: closing it at once would let the
+// waiting candidate lead while the old leader's OnElected still works
+// (here for a second after its context's end). The slow leader connects
+// through the proxy, and not again once its replies are slowed.
+func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	proxy := newProxy(t, srv)
+	key := testKey(t)
+	var down atomic.Bool
+	startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "slow", release: 5 * time.Second,
+		onLead: func(ctx context.Context, l leader.Leadership) {
+			<-ctx.Done()
+			time.Sleep(time.Second) // a slow drain
+		}}, func(c *elector.Config) {
+		c.Connect = leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
+			if down.Load() {
+				return nil, errors.New("this elector stays down")
+			}
+			return pgx.Connect(ctx, proxy.DSN())
+		})
+	})
+	r.next("elected", "slow")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
+	down.Store(true)
+	proxy.DelayReplies(800 * time.Millisecond)
+	d := r.next("demoted", "slow")
+	if !errors.Is(d.reason, leader.ErrRenewDeadline) {
+		t.Fatalf("slow demoted with %v, want ErrRenewDeadline", d.reason)
+	}
+	e := r.next("elected", "next")
+	if returned := r.lastAt("returned", "slow"); e.at.Before(returned) {
+		t.Fatalf("next elected %s before slow's OnElected returned:%s", returned.Sub(e.at), r.dump())
 	}
 }
 

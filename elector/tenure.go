@@ -17,7 +17,7 @@ import (
 // tenure is one term of leadership, from the election to OnDemoted.
 type tenure struct {
 	l      leader.Leadership
-	ctx    context.Context // OnElected's; cancelled by stepDown only, after IsLeader turned false
+	ctx    context.Context // OnElected's; cancelled by stepDown, or by a lapse (renewContext), after IsLeader turned false
 	cancel context.CancelCauseFunc
 	// stop asks hold to end the tenure: a Resign, OnElected returning, or
 	// Run's context ending (its parent). Its cause is the reason.
@@ -365,7 +365,7 @@ const handoverQueueWait = 2 * time.Second
 // its own send time. While leading (not draining) it also extends IsLeader.
 func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 	rsent := time.Now()
-	rctx, cancel := context.WithDeadline(context.Background(), t.trust.closes())
+	rctx, lapsed, cancel := e.renewContext(t)
 	var err error
 	switch {
 	case announce:
@@ -379,8 +379,13 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 		t.sinceProof++
 	}
 	cancel()
-	if err != nil {
+	switch {
+	case err != nil && lapsed():
+		return fmt.Errorf("%w (%v)", errLapsed, err) // the lapse's cancel, not a lost connection
+	case err != nil:
 		return err
+	case lapsed():
+		return errAnsweredLate
 	}
 	t.trust.lastOK = rsent
 	if leading {
@@ -464,6 +469,12 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 		}
 	}
 	if !graceful {
+		if errors.Is(reason, errAnsweredLate) {
+			// The session lives and holds the lock: keep it until
+			// OnElected returned, so that no other candidate leads
+			// meanwhile (see renewContext).
+			timing.WaitUntil(t.cbDone, releaseAt)
+		}
 		ls.Close() // the lock is gone or in doubt: end the session now
 		e.note(func(st *Status) { st.LastError = reason.Error() })
 		t.log.Warn("stepping down", zap.NamedError("reason", reason))

@@ -1,0 +1,68 @@
+package elector
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgleader/pgleader/leader"
+)
+
+// errLapsed is why a tenure ends when no renew answered within its trust
+// window; errAnsweredLate, when the renew in flight then did answer (the
+// session lives, and holds the lock, until stepDown closes it once
+// OnElected returned).
+var (
+	errLapsed       = fmt.Errorf("%w: no renew answered within the trust window", leader.ErrRenewDeadline)
+	errAnsweredLate = fmt.Errorf("%w: the renew answered after the trust window closed", leader.ErrRenewDeadline)
+)
+
+// renewContext bounds a renew by t's trust window. When the window closes
+// with the renew unanswered, the leader stops trusting the lock at once
+// (lapse: IsLeader turns false, OnElected's context is cancelled with
+// ErrRenewDeadline), but the renew goes on, and the session stays open,
+// until OnElected has returned (at most ReleaseTimeout): closing the
+// session then would free the lock to another candidate while this
+// leader's OnElected still works, which the trust window is there to
+// prevent. A session already gone (the server ended it, a partition) has
+// freed the lock whatever this side does, so keeping it costs nothing
+// there. It returns the context, whether the window lapsed, and the
+// function that ends the bound.
+func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var lapsed atomic.Bool
+	settle := func() {
+		limit := time.NewTimer(e.cfg.ReleaseTimeout)
+		defer limit.Stop()
+		select {
+		case <-t.cbDone:
+		case <-limit.C:
+		case <-ctx.Done():
+			return
+		}
+		cancel()
+	}
+	lapse := func() {
+		lapsed.Store(true)
+		e.leading.Store(false)
+		e.trustUntil.Store(0)
+		t.cancel(errLapsed)
+	}
+	var timer *time.Timer
+	if closes := t.trust.closes(); time.Now().Before(closes) {
+		timer = time.AfterFunc(time.Until(closes), func() {
+			lapse()
+			settle()
+		})
+	} else {
+		// Already closed (the process ran late): the tenure is over before
+		// the renew is sent, whatever it then reads.
+		lapse()
+		timer = time.AfterFunc(0, settle)
+	}
+	return ctx, lapsed.Load, func() {
+		timer.Stop()
+		cancel()
+	}
+}
