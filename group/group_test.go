@@ -393,60 +393,95 @@ func TestGroupSilentMember(t *testing.T) {
 // its locks, until those calls have returned: ending the session at once
 // would let the other member lead a key while this one's OnElected still
 // works (its drain here goes on for a second after its context's end),
-// and the watch fails on that, without excusing the slow member. The slow
-// member does not connect again once its replies are slowed, so that the
-// other one ends up leading every key.
+// and the watch fails on that, without excusing the slow member.
 func TestGroupLateAnswerKeepsLocksWhileDraining(t *testing.T) {
+	s := startSlowDrainer(t, time.Second)
+	s.slow()
+	s.allToFast(t)
+}
+
+// The same while the slow member stops: its keys are handed over (their
+// OnElected cancelled, draining for two seconds), its rounds then lapse,
+// and a late answer comes while the drains run. The member must not leave
+// (its unlock-all would free the keys) before they have returned.
+func TestGroupLateAnswerWhileStoppingKeepsLocks(t *testing.T) {
+	s := startSlowDrainer(t, 2*time.Second)
+	s.slow()
+	go s.m.stop()
+	s.allToFast(t)
+}
+
+// slowDrainer is member "sl" of 12 keys beside "fa", behind a proxy, whose
+// OnElected drains for a while after its context's end.
+type slowDrainer struct {
+	w       *groupWatch
+	p       *testpg.Proxy
+	m       *member
+	down    atomic.Bool
+	mu      sync.Mutex
+	reasons map[string]error // sl's OnDemoted reasons since slow
+}
+
+func startSlowDrainer(t *testing.T, drain time.Duration) *slowDrainer {
 	srv := sharedServer(t)
-	w := newGroupWatch(t)
+	s := &slowDrainer{w: newGroupWatch(t), p: newProxy(t, srv), reasons: map[string]error{}}
 	keys := groupKeys(t.Name(), 12)
-	p := newProxy(t, srv)
-	startMember(t, srv.DSN(), t.Name(), "fa", keys, w)
-	cb := w.callbacks("sl")
+	startMember(t, srv.DSN(), t.Name(), "fa", keys, s.w)
+	cb := s.w.callbacks("sl")
 	elected, demotedCB := cb.OnElected, cb.OnDemoted
 	cb.OnElected = func(ctx context.Context, l leader.Leadership) {
 		dctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		stop := context.AfterFunc(ctx, func() { time.AfterFunc(time.Second, cancel) })
+		stop := context.AfterFunc(ctx, func() { time.AfterFunc(drain, cancel) })
 		defer stop()
 		elected(dctx, l)
 	}
-	var mu sync.Mutex
-	reasons := map[string]error{}
 	cb.OnDemoted = func(l leader.Leadership, reason error) {
-		mu.Lock()
-		reasons[l.Key.String()] = reason
-		mu.Unlock()
+		s.mu.Lock()
+		s.reasons[l.Key.String()] = reason
+		s.mu.Unlock()
 		demotedCB(l, reason)
 	}
-	var down atomic.Bool
+	// sl does not connect again once its replies are slowed, so that fa
+	// ends up leading every key.
 	connect := leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
-		if down.Load() {
+		if s.down.Load() {
 			return nil, errors.New("this member stays down")
 		}
-		return pgx.Connect(ctx, p.DSN())
+		return pgx.Connect(ctx, s.p.DSN())
 	})
-	runMember(t, group.Config{Connect: connect, Group: t.Name(), Keys: keys, Identity: "sl", Callbacks: cb,
+	s.m = runMember(t, group.Config{Connect: connect, Group: t.Name(), Keys: keys, Identity: "sl", Callbacks: cb,
 		RenewInterval: 100 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, LeaseDuration: 1500 * time.Millisecond,
 		Logger: testLogger(t, nil)})
-	balanced(t, w, 12, 6, 6, "fa", "sl")
-	mu.Lock()
-	clear(reasons)
-	mu.Unlock()
-	down.Store(true)
-	p.DelayReplies(800 * time.Millisecond)
+	balanced(t, s.w, 12, 6, 6, "fa", "sl")
+	return s
+}
+
+// slow delays every reply to sl by 800 ms, past its 500 ms trust window.
+func (s *slowDrainer) slow() {
+	s.mu.Lock()
+	clear(s.reasons)
+	s.mu.Unlock()
+	s.down.Store(true)
+	s.p.DelayReplies(800 * time.Millisecond)
+}
+
+// allToFast waits until fa leads every key and sl's six tenures ended
+// with ErrRenewDeadline (the watch checks that no key had two leaders).
+func (s *slowDrainer) allToFast(t *testing.T) {
+	t.Helper()
 	eventually(t, "fa leads every key", func() (bool, string) {
-		c, n := w.counts()
+		c, n := s.w.counts()
 		return n == 12 && c["fa"] == 12, fmt.Sprint(c)
 	})
 	eventually(t, "sl's 6 OnDemoted", func() (bool, string) {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(reasons) == 6, fmt.Sprint(reasons)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.reasons) == 6, fmt.Sprint(s.reasons)
 	})
-	mu.Lock()
-	defer mu.Unlock()
-	for k, r := range reasons {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, r := range s.reasons {
 		if !errors.Is(r, leader.ErrRenewDeadline) {
 			t.Errorf("key %s: sl demoted with %v, want ErrRenewDeadline", k, r)
 		}

@@ -85,7 +85,7 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 			return err
 		}
 		g.mu.Lock()
-		done := g.st.stopping && !g.st.anyTenure()
+		done := g.st.stopping && !g.st.anyTenure() && !g.st.anyKept()
 		next := began.Add(g.cfg.RenewInterval)
 		if g.soon {
 			// A member the crash watch reported gone was still listed:

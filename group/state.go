@@ -192,6 +192,18 @@ func (st *state) anyTenure() bool {
 	return false
 }
 
+// anyKept reports whether the session keeps a lock whose key's OnElected
+// still runs after its tenure ended (a lapse: see roundContext), which a
+// leaving member must not free before it returns.
+func (st *state) anyKept() bool {
+	for k := range st.extra {
+		if ks := st.keys[k]; ks != nil && ks.phase == phaseEnding && ks.tenure != nil && !ks.tenure.returned() {
+			return true
+		}
+	}
+	return false
+}
+
 // tenures counts the keys with a tenure (leading or handing over).
 func (st *state) tenures() int {
 	n := 0
