@@ -110,18 +110,35 @@ func TestRenewDeadlineFromLastSuccess(t *testing.T) {
 // window closes and cancels OnElected, but keeps its session, and so the
 // lock, until OnElected has returned: closing it at once would let the
 // waiting candidate lead while the old leader's OnElected still works
-// (here for a second after its context's end). The slow leader connects
-// through the proxy, and not again once its replies are slowed.
+// (here for a second after its context's end).
 func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
+	r, _ := startSlowDrainer(t, time.Second)
+	nextAfterSlowReturned(t, r)
+}
+
+// The same while the slow leader stops: it drains (OnElected cancelled,
+// working for two seconds more), renewing meanwhile, and those renews
+// answer late: the session must stay open until OnElected returned.
+func TestLateRenewWhileStoppingKeepsLock(t *testing.T) {
+	r, slow := startSlowDrainer(t, 2*time.Second)
+	go slow.stop()
+	nextAfterSlowReturned(t, r)
+}
+
+// startSlowDrainer runs elector "slow" behind a proxy, whose OnElected
+// works for drain after its context's end, and candidate "next" beside it;
+// once slow leads, its replies are slowed past its trust window, and it
+// does not connect again.
+func startSlowDrainer(t *testing.T, drain time.Duration) (*recorder, *running) {
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	proxy := newProxy(t, srv)
 	key := testKey(t)
 	var down atomic.Bool
-	startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "slow", release: 5 * time.Second,
+	slow := startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "slow", release: 5 * time.Second,
 		onLead: func(ctx context.Context, l leader.Leadership) {
 			<-ctx.Done()
-			time.Sleep(time.Second) // a slow drain
+			time.Sleep(drain)
 		}}, func(c *elector.Config) {
 		c.Connect = leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
 			if down.Load() {
@@ -134,13 +151,19 @@ func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
 	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
 	down.Store(true)
 	proxy.DelayReplies(800 * time.Millisecond)
-	d := r.next("demoted", "slow")
-	if !errors.Is(d.reason, leader.ErrRenewDeadline) {
-		t.Fatalf("slow demoted with %v, want ErrRenewDeadline", d.reason)
-	}
+	return r, slow
+}
+
+// nextAfterSlowReturned waits for next's election, which must come after
+// slow's OnElected returned, and slow's demotion with ErrRenewDeadline.
+func nextAfterSlowReturned(t *testing.T, r *recorder) {
+	t.Helper()
 	e := r.next("elected", "next")
-	if returned := r.lastAt("returned", "slow"); e.at.Before(returned) {
-		t.Fatalf("next elected %s before slow's OnElected returned:%s", returned.Sub(e.at), r.dump())
+	if returned := r.lastAt("returned", "slow"); returned.IsZero() || e.at.Before(returned) {
+		t.Fatalf("next elected before slow's OnElected returned:%s", r.dump())
+	}
+	if d := r.next("demoted", "slow"); !errors.Is(d.reason, leader.ErrRenewDeadline) {
+		t.Fatalf("slow demoted with %v, want ErrRenewDeadline", d.reason)
 	}
 }
 

@@ -440,6 +440,12 @@ func (e *Elector) release(t *tenure, ls lease, releaseAt time.Time, reason error
 		t.log.Error("OnElected did not return within ReleaseTimeout after its context was cancelled; releasing the lock while it still runs, so two leaders may act at once",
 			zap.Duration("release_timeout", e.cfg.ReleaseTimeout))
 		return e.unlock(ls) == nil, nil
+	case errors.Is(fault, leader.ErrRenewDeadline):
+		// Not lost, in doubt: the session stays open until OnElected
+		// returned (renewContext, stepDown).
+		t.log.Warn("the trust window closed while OnElected was returning (a renew not answered in time); the session is closed once it returned",
+			zap.NamedError("resign_reason", reason), zap.Error(fault))
+		return false, fault
 	default:
 		t.log.Error("the lock was lost while OnElected was returning; another leader may act before it returns",
 			zap.NamedError("resign_reason", reason), zap.Error(fault))
@@ -450,7 +456,9 @@ func (e *Elector) release(t *tenure, ls lease, releaseAt time.Time, reason error
 // stepDown ends a tenure: stop trusting, cancel OnElected, then either
 // drain (a graceful step-down: keep the lock, renewed, until OnElected
 // returns) and unlock, or (a fault: the lock is gone or in doubt) close the
-// session at once and wait for OnElected. OnDemoted comes last.
+// session at once and wait for OnElected; a renew answered after the trust
+// window closed (the session alive, the lock held) closes it only once
+// OnElected returned. OnDemoted comes last.
 func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason error) (error, bool) {
 	c := e.cfg
 	releaseAt := time.Now().Add(c.ReleaseTimeout)
