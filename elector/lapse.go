@@ -31,7 +31,12 @@ var (
 // function that ends the bound.
 func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var lapsed atomic.Bool
+	// state: 0 while the renew runs, then either answered (the renew's
+	// end came first: no lapse) or lapsed (the window's end came first),
+	// whichever swaps it first, so that a renew that answers just as the
+	// window closes is one or the other, never both.
+	const running, answered, lapsedState = 0, 1, 2
+	var state atomic.Int32
 	settle := func() {
 		limit := time.NewTimer(e.cfg.ReleaseTimeout)
 		defer limit.Stop()
@@ -43,17 +48,21 @@ func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func())
 		}
 		cancel()
 	}
-	lapse := func() {
-		lapsed.Store(true)
+	lapse := func() bool {
+		if !state.CompareAndSwap(running, lapsedState) {
+			return false
+		}
 		e.leading.Store(false)
 		e.trustUntil.Store(0)
 		t.cancel(errLapsed)
+		return true
 	}
 	var timer *time.Timer
 	if closes := t.trust.closes(); time.Now().Before(closes) {
 		timer = time.AfterFunc(time.Until(closes), func() {
-			lapse()
-			settle()
+			if lapse() {
+				settle()
+			}
 		})
 	} else {
 		// Already closed (the process ran late): the tenure is over before
@@ -61,7 +70,9 @@ func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func())
 		lapse()
 		timer = time.AfterFunc(0, settle)
 	}
-	return ctx, lapsed.Load, func() {
+	lapsed := func() bool { return state.Load() == lapsedState }
+	return ctx, lapsed, func() {
+		state.CompareAndSwap(running, answered)
 		timer.Stop()
 		cancel()
 	}
