@@ -52,7 +52,8 @@ func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func())
 		if !state.CompareAndSwap(running, lapsedState) {
 			return false
 		}
-		e.leading.Store(false)
+		// IsLeader turns false; Status().Tenure stays true until
+		// stepDown, so that a leader wedged here is not live (health).
 		e.trustUntil.Store(0)
 		t.cancel(errLapsed)
 		return true

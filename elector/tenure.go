@@ -384,10 +384,19 @@ func (e *Elector) renew(t *tenure, ls lease, leading, announce bool) error {
 		return fmt.Errorf("%w (%v)", errLapsed, err) // the lapse's cancel, not a lost connection
 	case err != nil:
 		return err
-	case lapsed():
-		return errAnsweredLate
 	}
 	t.trust.lastOK = rsent
+	if lapsed() {
+		if leading {
+			// The window closed first: the tenure is over, but the
+			// session lives and holds the lock (stepDown drains).
+			return errAnsweredLate
+		}
+		// Draining: OnElected's context is already cancelled; the renew
+		// kept the session, and the lock, alive, which is all it is for.
+		t.log.Debug("a renew answered after the trust window closed, while draining", zap.Duration("latency", time.Since(rsent)))
+		return nil
+	}
 	if leading {
 		e.trustUntil.Store(int64(t.trust.closes().Sub(e.epoch)))
 	}
@@ -456,9 +465,9 @@ func (e *Elector) release(t *tenure, ls lease, releaseAt time.Time, reason error
 // stepDown ends a tenure: stop trusting, cancel OnElected, then either
 // drain (a graceful step-down: keep the lock, renewed, until OnElected
 // returns) and unlock, or (a fault: the lock is gone or in doubt) close the
-// session at once and wait for OnElected; a renew answered after the trust
-// window closed (the session alive, the lock held) closes it only once
-// OnElected returned. OnDemoted comes last.
+// session at once and wait for OnElected. A renew answered after the
+// trust window closed (the session alive, the lock held) drains as a
+// graceful step-down does. OnDemoted comes last.
 func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason error) (error, bool) {
 	c := e.cfg
 	releaseAt := time.Now().Add(c.ReleaseTimeout)
@@ -468,7 +477,12 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 	t.cancel(reason)
 	t.stopWith(reason)
 	e.obs.Demoted(t.l, reason)
-	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil
+	// A renew answered after the window closed is not graceful, but the
+	// session lives and holds the lock: it drains like a graceful
+	// step-down (the renews keep the server-side lease from freeing the
+	// lock), so that no candidate leads before OnElected returned.
+	graceful := errors.Is(reason, leader.ErrResigned) || errors.Is(reason, leader.ErrCallbackReturned) || ctx.Err() != nil ||
+		errors.Is(reason, errAnsweredLate)
 	keepConn := false
 	if graceful {
 		var fault error
@@ -477,12 +491,6 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 		}
 	}
 	if !graceful {
-		if errors.Is(reason, errAnsweredLate) {
-			// The session lives and holds the lock: keep it until
-			// OnElected returned, so that no other candidate leads
-			// meanwhile (see renewContext).
-			timing.WaitUntil(t.cbDone, releaseAt)
-		}
 		ls.Close() // the lock is gone or in doubt: end the session now
 		e.note(func(st *Status) { st.LastError = reason.Error() })
 		t.log.Warn("stepping down", zap.NamedError("reason", reason))
@@ -494,7 +502,10 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 		ls.Close()
 	}
 	e.setLeaderIfSelf()
-	if graceful {
+	if errors.Is(reason, errAnsweredLate) {
+		e.note(func(st *Status) { st.LastError = reason.Error() })
+		t.log.Warn("demoted", zap.NamedError("reason", reason)) // a fault, drained
+	} else if graceful {
 		t.log.Info("demoted", zap.NamedError("reason", reason))
 	} else {
 		t.log.Warn("demoted", zap.NamedError("reason", reason)) // a fault, not a choice
