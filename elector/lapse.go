@@ -11,8 +11,8 @@ import (
 
 // errLapsed is why a tenure ends when no renew answered within its trust
 // window; errAnsweredLate, when the renew in flight then did answer (the
-// session lives, and holds the lock, until stepDown closes it once
-// OnElected returned).
+// session lives and holds the lock: stepDown drains, renewing until
+// OnElected returned, then unlocks).
 var (
 	errLapsed       = fmt.Errorf("%w: no renew answered within the trust window", leader.ErrRenewDeadline)
 	errAnsweredLate = fmt.Errorf("%w: the renew answered after the trust window closed", leader.ErrRenewDeadline)
