@@ -3,6 +3,7 @@ package elector_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,15 +111,18 @@ func TestRenewDeadlineFromLastSuccess(t *testing.T) {
 // window closes and cancels OnElected, but keeps its session, and so the
 // lock, until OnElected has returned: closing it at once would let the
 // waiting candidate lead while the old leader's OnElected still works
-// (here for a second after its context's end).
+// (here for two seconds after its context's end). The late answer comes
+// during the drain: the leader then drains as for a resign (renewing,
+// then unlocking), and must not close the session first.
 func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
-	r, _ := startSlowDrainer(t, time.Second)
+	r, _ := startSlowDrainer(t, 2*time.Second)
 	nextAfterSlowReturned(t, r)
 }
 
 // The same while the slow leader stops: it drains (OnElected cancelled,
 // working for two seconds more), renewing meanwhile, and those renews
-// answer late: the session must stay open until OnElected returned.
+// answer late: the drain goes on, and the session stays open, until
+// OnElected returned.
 func TestLateRenewWhileStoppingKeepsLock(t *testing.T) {
 	r, slow := startSlowDrainer(t, 2*time.Second)
 	go slow.stop()
@@ -127,8 +131,8 @@ func TestLateRenewWhileStoppingKeepsLock(t *testing.T) {
 
 // startSlowDrainer runs elector "slow" behind a proxy, whose OnElected
 // works for drain after its context's end, and candidate "next" beside it;
-// once slow leads, its replies are slowed past its trust window, and it
-// does not connect again.
+// once slow leads, its replies are slowed (700 ms) past its trust window
+// (500 ms), and it does not connect again.
 func startSlowDrainer(t *testing.T, drain time.Duration) (*recorder, *running) {
 	srv := sharedServer(t)
 	r := newRecorder(t)
@@ -147,10 +151,17 @@ func startSlowDrainer(t *testing.T, drain time.Duration) (*recorder, *running) {
 			return pgx.Connect(ctx, proxy.DSN())
 		})
 	})
-	r.next("elected", "slow")
+	elected := r.next("elected", "slow")
 	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
+	// Renews past the first two (the first announces the leader, the next
+	// prepares the plain renew), so that each slowed renew is one round
+	// trip answered within the drain (a statement's first use is two).
+	eventually(t, "slow's third renew", func() (bool, string) {
+		st := slow.e.Status()
+		return st.LastRenew.Sub(elected.at) > 2*tInterval, fmt.Sprint(st.LastRenew.Sub(elected.at))
+	})
 	down.Store(true)
-	proxy.DelayReplies(800 * time.Millisecond)
+	proxy.DelayReplies(700 * time.Millisecond)
 	return r, slow
 }
 
