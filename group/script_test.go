@@ -364,6 +364,10 @@ func TestScriptedLapseKeepsLocksUntilOnElectedReturns(t *testing.T) {
 		}
 		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) { demoted <- reason }
 	})
+	// Registered after scripted's cleanup, so run before it: a test that
+	// fails early must not leave OnElected blocked under its wg.Wait.
+	returnAll := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(returnAll)
 	w := newScriptWire("me")
 	ctx := context.Background()
 	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
@@ -388,7 +392,7 @@ func TestScriptedLapseKeepsLocksUntilOnElectedReturns(t *testing.T) {
 		t.Fatalf("OnDemoted (%v) before OnElected returned", r)
 	default:
 	}
-	close(release)
+	returnAll()
 	for range 3 {
 		demotedWith(t, demoted, leader.ErrRenewDeadline, "no OnDemoted after OnElected returned")
 	}
