@@ -184,7 +184,10 @@ func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, las
 		defer func() { panicked = recover() }()
 		fnErr = fn(fnCtx)
 	}()
-	var lost error
+	// lost: the lock is gone, or in doubt with fn returned (the session is
+	// closed); late: a check answered after the window closed, fn was
+	// cancelled, and the session goes on checking until fn returns.
+	var lost, late error
 	for lost == nil {
 		_, werr := ls.WaitIdle(fnDone, t, lastOK.Add(interval))
 		if fnDone.Err() != nil {
@@ -195,11 +198,19 @@ func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, las
 			break
 		}
 		sent := time.Now()
-		cctx, cancel := context.WithDeadline(context.Background(), lastOK.Add(deadline))
-		lost = ls.Renew(cctx, t)
+		cctx, lapsed, cancel := renewBound(lastOK.Add(deadline), fnDone, func() { cancelFn(errLapsed) })
+		err := ls.Renew(cctx, t)
 		cancel()
-		if lost == nil {
+		switch {
+		case err != nil && lapsed():
+			lost = fmt.Errorf("%w (%v)", errLapsed, err) // fn has returned: renewBound waited for it
+		case err != nil:
+			lost = err
+		default:
 			lastOK = sent
+			if lapsed() && late == nil {
+				late = errAnsweredLate
+			}
 		}
 	}
 	if lost != nil {
@@ -215,6 +226,9 @@ func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, las
 	}
 	if panicked != nil {
 		panic(panicked)
+	}
+	if lost == nil && late != nil {
+		lost = late
 	}
 	if lost != nil {
 		if fnErr != nil && !errors.Is(fnErr, context.Canceled) {

@@ -370,3 +370,63 @@ func trustWindowFromSend(t *testing.T, afterRenew bool) {
 	waitFor(t, done, "TryRun")
 	proxy.Heal()
 }
+
+// A TryRun whose server answers late (its session alive, a check not
+// answered within the trust window) cancels fn when the window closes,
+// but keeps its session, and so the lock, until fn has returned: closing
+// it at once would let a second TryRun run fn while the first one's fn
+// still works (here for 1.5 s after its context's end). The first TryRun
+// reports the lapse (ErrRenewDeadline).
+func TestTryRunLateCheckKeepsLockUntilFnReturns(t *testing.T) {
+	srv := server(t)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	key := leader.KeyFromName(t.Name())
+	started, returned := make(chan struct{}), make(chan time.Time, 1)
+	first := make(chan error, 1)
+	go func() {
+		first <- lock.TryRun(context.Background(), leader.DSN(proxy.DSN()), key,
+			lock.Options{Identity: "slow", CheckInterval: 100 * time.Millisecond, LeaseDuration: time.Second},
+			func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done()
+				time.Sleep(1500 * time.Millisecond) // a slow drain
+				returned <- time.Now()
+				return nil
+			})
+	}()
+	waitFor(t, started, "fn")
+	// A few checks through (the first use of a statement is two round
+	// trips; slowed, its answer would come after fn returned).
+	before := proxy.ReadsDown.Load()
+	for deadline := time.Now().Add(waitLong); proxy.ReadsDown.Load() < before+3; {
+		if time.Now().After(deadline) {
+			t.Fatal("no checks while fn ran")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	proxy.DelayReplies(700 * time.Millisecond) // past the 500 ms window
+	secondAt := make(chan time.Time, 1)
+	second := make(chan error, 1)
+	go func() {
+		second <- lock.TryRun(context.Background(), leader.DSN(srv.DSN()), key,
+			lock.Options{Identity: "second", Wait: waitLong},
+			func(ctx context.Context) error {
+				secondAt <- time.Now()
+				return nil
+			})
+	}()
+	if err := waitFor(t, first, "the first TryRun"); !errors.Is(err, leader.ErrRenewDeadline) {
+		t.Fatalf("the first TryRun returned %v, want ErrRenewDeadline", err)
+	}
+	ret := waitFor(t, returned, "the first fn's return")
+	if at := waitFor(t, secondAt, "the second fn"); at.Before(ret) {
+		t.Fatalf("the second fn ran %s before the first one returned", ret.Sub(at))
+	}
+	if err := waitFor(t, second, "the second TryRun"); err != nil {
+		t.Fatal(err)
+	}
+}
