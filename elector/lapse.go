@@ -18,17 +18,26 @@ var (
 	errAnsweredLate = fmt.Errorf("%w: the renew answered after the trust window closed", leader.ErrRenewDeadline)
 )
 
-// renewContext bounds a renew by t's trust window. When the window closes
-// with the renew unanswered, the leader stops trusting the lock at once
+// renewContext bounds a renew, or any other statement on a leading
+// session (a value's write, a resign request's look-ups and answer, a
+// reservation), by t's trust window. When the window closes with the
+// statement unanswered, the leader stops trusting the lock at once
 // (lapse: IsLeader turns false, OnElected's context is cancelled with
-// ErrRenewDeadline), but the renew goes on, and the session stays open,
-// until OnElected has returned (at most ReleaseTimeout): closing the
+// ErrRenewDeadline), but the statement goes on, and the session stays
+// open, until OnElected has returned (at most ReleaseTimeout): closing the
 // session then would free the lock to another candidate while this
 // leader's OnElected still works, which the trust window is there to
 // prevent. A session already gone (the server ended it, a partition) has
 // freed the lock whatever this side does, so keeping it costs nothing
-// there. It returns the context, whether the window lapsed, and the
-// function that ends the bound.
+// there (a statement whose own context ended would close the session:
+// pgx does that). It returns the context, whether the window lapsed, and
+// the function that ends the bound. A caller that is not a renew may
+// ignore the lapse: OnElected, cancelled, returns with the lapse as its
+// cause, and the next renew, its window closed, ends the tenure.
+//
+// The bound is the window's end, not RenewDeadline from the statement's
+// send: a statement that would outlast the window has no answer the
+// leader could still trust.
 func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	// state: 0 while the renew runs, then either answered (the renew's

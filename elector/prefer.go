@@ -202,7 +202,7 @@ func (e *Elector) aheadOf() time.Duration {
 // this.
 func (e *Elector) reserveAhead(t *tenure, ls lease, c *candidate) {
 	c.ahead = true
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	ctx, _, cancel := e.renewContext(t)
 	defer cancel()
 	if err := ls.Reserve(ctx, e.target, c.name, 0); err != nil {
 		e.candidateLog(t, c).Debug("no reservation ahead of the handover to the preferred candidate", zap.Error(err))
@@ -215,7 +215,7 @@ func (e *Elector) reserveAhead(t *tenure, ls lease, c *candidate) {
 // longer makes (another candidate is preferred now, or none). An error
 // means the connection is unfit: the tenure ends.
 func (e *Elector) dropAhead(t *tenure, ls lease) error {
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	ctx, _, cancel := e.renewContext(t)
 	defer cancel()
 	to := t.handoverTo
 	t.handoverTo = ""
@@ -249,7 +249,7 @@ func (e *Elector) prove(t *tenure, ls lease, c *candidate) bool {
 		c.retry = now.Add(time.Second / requestRate)
 		return false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	ctx, _, cancel := e.renewContext(t)
 	defer cancel()
 	app, ok, err := ls.Candidate(ctx, e.target, c.pid)
 	name, r, ranked := leader.ParseApplicationName(app)
@@ -279,7 +279,7 @@ func (e *Elector) prove(t *tenure, ls lease, c *candidate) bool {
 // so the first look usually finds it not queued yet. Whether it stands,
 // the reservation asks again.
 func (e *Elector) precede(t *tenure, ls lease, c *candidate) {
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	ctx, _, cancel := e.renewContext(t)
 	defer cancel()
 	c.looks++
 	_, first, err := ls.Precede(ctx, e.target, c.name)
@@ -317,7 +317,7 @@ func (e *Elector) handTo(t *tenure, ls lease, c *candidate) (string, bool) {
 	if c.name == "" && !e.prove(t, ls, c) {
 		return "", false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	ctx, _, cancel := e.renewContext(t)
 	defer cancel()
 	log := e.candidateLog(t, c).With(zap.String("candidate", c.name))
 	if msg, ok := e.reserve(ctx, t, ls, c.name, log); !ok {

@@ -257,7 +257,7 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 	if !e.requests.admit(req.PID, now) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.RenewDeadline)
+	ctx, _, cancel := e.renewContext(t)
 	defer cancel()
 	log := t.log.With(zap.Uint32("asker_pid", req.PID), zap.String("to", req.To))
 	answer := func(msg string) {

@@ -142,11 +142,18 @@ func (e *Elector) publish(t *tenure, ls lease) error {
 }
 
 // writeValue proclaims value within the trust window, and takes it as the
-// leader's value.
+// leader's value. A window that closes first ends the tenure as a renew's
+// does (renewContext: the session outlives it until OnElected returned).
 func (e *Elector) writeValue(t *tenure, ls lease, value []byte) error {
-	rctx, cancel := context.WithDeadline(context.Background(), t.trust.closes())
+	rctx, lapsed, cancel := e.renewContext(t)
 	err := ls.Proclaim(rctx, e.target, e.proclaimSQL, e.cfg.Key.String(), value)
 	cancel()
+	switch {
+	case err != nil && lapsed():
+		return fmt.Errorf("%w (%v)", errLapsed, err)
+	case err == nil && lapsed():
+		return errAnsweredLate
+	}
 	if err == nil {
 		e.setLeaderValue(leader.Proclamation{Identity: e.cfg.Identity, Value: value})
 	}
