@@ -3,9 +3,8 @@ package elector
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
-	"time"
 
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
 )
 
@@ -39,51 +38,10 @@ var (
 // send: a statement that would outlast the window has no answer the
 // leader could still trust.
 func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	// state: 0 while the renew runs, then either answered (the renew's
-	// end came first: no lapse) or lapsed (the window's end came first),
-	// whichever swaps it first, so that a renew that answers just as the
-	// window closes is one or the other, never both.
-	const running, answered, lapsedState = 0, 1, 2
-	var state atomic.Int32
-	settle := func() {
-		limit := time.NewTimer(e.cfg.ReleaseTimeout)
-		defer limit.Stop()
-		select {
-		case <-t.cbDone:
-		case <-limit.C:
-		case <-ctx.Done():
-			return
-		}
-		cancel()
-	}
-	lapse := func() bool {
-		if !state.CompareAndSwap(running, lapsedState) {
-			return false
-		}
+	return timing.Bound(t.trust.closes(), func() {
 		// IsLeader turns false; Status().Tenure stays true until
 		// stepDown, so that a leader wedged here is not live (health).
 		e.trustUntil.Store(0)
 		t.cancel(errLapsed)
-		return true
-	}
-	var timer *time.Timer
-	if closes := t.trust.closes(); time.Now().Before(closes) {
-		timer = time.AfterFunc(time.Until(closes), func() {
-			if lapse() {
-				settle()
-			}
-		})
-	} else {
-		// Already closed (the process ran late): the tenure is over before
-		// the renew is sent, whatever it then reads.
-		lapse()
-		timer = time.AfterFunc(0, settle)
-	}
-	lapsed := func() bool { return state.Load() == lapsedState }
-	return ctx, lapsed, func() {
-		state.CompareAndSwap(running, answered)
-		timer.Stop()
-		cancel()
-	}
+	}, t.cbDone, e.cfg.ReleaseTimeout)
 }

@@ -7,7 +7,16 @@ import (
 	"time"
 
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
+	"github.com/pgleader/pgleader/internal/wire/timing"
 	"github.com/pgleader/pgleader/leader"
+)
+
+// errLapsed is the cause of fn's context when no check answered within
+// the trust window; errAnsweredLate is TryRun's error when the check then
+// did answer (the lock held all along, but fn was cancelled).
+var (
+	errLapsed       = fmt.Errorf("%w: no check answered within the trust window", leader.ErrRenewDeadline)
+	errAnsweredLate = fmt.Errorf("%w: a check answered after the trust window closed", leader.ErrRenewDeadline)
 )
 
 // Options tune TryRun. The zero value is fine.
@@ -198,7 +207,9 @@ func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, las
 			break
 		}
 		sent := time.Now()
-		cctx, lapsed, cancel := renewBound(lastOK.Add(deadline), fnDone, func() { cancelFn(errLapsed) })
+		// The window's end cancels fn; the session stays open until fn
+		// returned (timing.Bound).
+		cctx, lapsed, cancel := timing.Bound(lastOK.Add(deadline), func() { cancelFn(errLapsed) }, fnDone.Done(), 0)
 		err := ls.Renew(cctx, t)
 		cancel()
 		switch {
