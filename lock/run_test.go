@@ -257,12 +257,7 @@ func TestTryRunWait(t *testing.T) {
 // before the server frees the lock (LeaseDuration), so a second runner
 // never starts while the first still believes it holds the lock.
 func TestTryRunBlackholedStopsBeforeTheLease(t *testing.T) {
-	srv := server(t)
-	proxy, err := testpg.NewProxy(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	srv, proxy := proxied(t)
 	key := leader.KeyFromName(t.Name())
 	const lease = 3 * time.Second
 	started, cancelled := make(chan struct{}), make(chan time.Time, 1)
@@ -329,12 +324,7 @@ func TestTryRunTrustWindowFromSend(t *testing.T) {
 }
 
 func trustWindowFromSend(t *testing.T, afterRenew bool) {
-	srv := server(t)
-	proxy, err := testpg.NewProxy(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	_, proxy := proxied(t)
 	const lease, delay = 3 * time.Second, 400 * time.Millisecond
 	started, cancelled := make(chan time.Time, 1), make(chan time.Time, 1)
 	done := make(chan error, 1)
@@ -378,12 +368,7 @@ func trustWindowFromSend(t *testing.T, afterRenew bool) {
 // still works (here for 1.5 s after its context's end). The first TryRun
 // reports the lapse (ErrRenewDeadline).
 func TestTryRunLateCheckKeepsLockUntilFnReturns(t *testing.T) {
-	srv := server(t)
-	proxy, err := testpg.NewProxy(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	srv, proxy := proxied(t)
 	key := leader.KeyFromName(t.Name())
 	started, returned := make(chan struct{}), make(chan time.Time, 1)
 	first := make(chan error, 1)
@@ -429,4 +414,17 @@ func TestTryRunLateCheckKeepsLockUntilFnReturns(t *testing.T) {
 	if err := waitFor(t, second, "the second TryRun"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// proxied returns the package's server and a proxy in front of it, closed
+// when the test ends.
+func proxied(t *testing.T) (*testpg.Server, *testpg.Proxy) {
+	t.Helper()
+	srv := server(t)
+	proxy, err := testpg.NewProxy(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	return srv, proxy
 }
