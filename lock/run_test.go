@@ -366,11 +366,12 @@ func trustWindowFromSend(t *testing.T, afterRenew bool) {
 // but keeps its session, and so the lock, until fn has returned: closing
 // it at once would let a second TryRun run fn while the first one's fn
 // still works (here for 1.5 s after its context's end). The first TryRun
-// reports the lapse (ErrRenewDeadline).
+// reports the lapse (ErrRenewDeadline), though its late check did answer
+// and the later ones come in time.
 func TestTryRunLateCheckKeepsLockUntilFnReturns(t *testing.T) {
 	srv, proxy := proxied(t)
 	key := leader.KeyFromName(t.Name())
-	started, returned := make(chan struct{}), make(chan time.Time, 1)
+	started, cancelled, returned := make(chan struct{}), make(chan struct{}), make(chan time.Time, 1)
 	first := make(chan error, 1)
 	go func() {
 		first <- lock.TryRun(context.Background(), leader.DSN(proxy.DSN()), key,
@@ -378,6 +379,7 @@ func TestTryRunLateCheckKeepsLockUntilFnReturns(t *testing.T) {
 			func(ctx context.Context) error {
 				close(started)
 				<-ctx.Done()
+				close(cancelled)
 				time.Sleep(1500 * time.Millisecond) // a slow drain
 				returned <- time.Now()
 				return nil
@@ -404,6 +406,11 @@ func TestTryRunLateCheckKeepsLockUntilFnReturns(t *testing.T) {
 				return nil
 			})
 	}()
+	// The window closed (fn cancelled): the check in flight still answers
+	// late, and the path is fast again after it, so that no check is in
+	// flight when fn returns: the error must come from the late answer.
+	waitFor(t, cancelled, "fn's cancellation")
+	proxy.DelayReplies(0)
 	if err := waitFor(t, first, "the first TryRun"); !errors.Is(err, leader.ErrRenewDeadline) {
 		t.Fatalf("the first TryRun returned %v, want ErrRenewDeadline", err)
 	}
