@@ -180,6 +180,41 @@ func acquire(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, wait b
 	return lockconn.Adopt(r, possiblyHeld, ls.PID())
 }
 
+// checkWhile checks the lock every interval until fn returns (fnDone).
+// lost: the lock is gone, or in doubt with fn returned (the caller closes
+// the session); late: a check answered after its window closed, fn was
+// cancelled (lapse), and the session went on checking until fn returned.
+func checkWhile(ls *lockconn.Lease, t *lockconn.Target, fnDone context.Context, lastOK time.Time,
+	interval, deadline time.Duration, lapse func()) (lost, late error) {
+	for lost == nil {
+		_, werr := ls.WaitIdle(fnDone, t, lastOK.Add(interval))
+		if fnDone.Err() != nil {
+			break
+		}
+		if werr != nil {
+			return werr, late
+		}
+		sent := time.Now()
+		// The window's end cancels fn; the session stays open until fn
+		// returned (timing.Bound).
+		cctx, lapsed, cancel := timing.Bound(lastOK.Add(deadline), lapse, fnDone.Done(), 0)
+		err := ls.Renew(cctx, t)
+		cancel()
+		switch {
+		case err != nil && lapsed():
+			lost = fmt.Errorf("%w (%v)", errLapsed, err) // fn has returned: Bound waited for it
+		case err != nil:
+			lost = err
+		default:
+			lastOK = sent
+			if lapsed() && late == nil {
+				late = errAnsweredLate
+			}
+		}
+	}
+	return lost, late
+}
+
 // runHolding runs fn while checking the lock, then releases it.
 func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, lastOK time.Time,
 	interval, deadline time.Duration, fn func(ctx context.Context) error) error {
@@ -193,37 +228,7 @@ func runHolding(ctx context.Context, ls *lockconn.Lease, t *lockconn.Target, las
 		defer func() { panicked = recover() }()
 		fnErr = fn(fnCtx)
 	}()
-	// lost: the lock is gone, or in doubt with fn returned (the session is
-	// closed); late: a check answered after the window closed, fn was
-	// cancelled, and the session goes on checking until fn returns.
-	var lost, late error
-	for lost == nil {
-		_, werr := ls.WaitIdle(fnDone, t, lastOK.Add(interval))
-		if fnDone.Err() != nil {
-			break
-		}
-		if werr != nil {
-			lost = werr
-			break
-		}
-		sent := time.Now()
-		// The window's end cancels fn; the session stays open until fn
-		// returned (timing.Bound).
-		cctx, lapsed, cancel := timing.Bound(lastOK.Add(deadline), func() { cancelFn(errLapsed) }, fnDone.Done(), 0)
-		err := ls.Renew(cctx, t)
-		cancel()
-		switch {
-		case err != nil && lapsed():
-			lost = fmt.Errorf("%w (%v)", errLapsed, err) // fn has returned: renewBound waited for it
-		case err != nil:
-			lost = err
-		default:
-			lastOK = sent
-			if lapsed() && late == nil {
-				late = errAnsweredLate
-			}
-		}
-	}
+	lost, late := checkWhile(ls, t, fnDone, lastOK, interval, deadline, func() { cancelFn(errLapsed) })
 	if lost != nil {
 		cancelFn(lost)
 		ls.Close() // the lock is gone or in doubt

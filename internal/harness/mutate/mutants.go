@@ -322,7 +322,7 @@ var mutants = []mutant{
 		"\t\tg.st.trustEnd = sent.Add(g.cfg.RenewDeadline)", "\t\tg.st.trustEnd = time.Now().Add(g.cfg.RenewDeadline)",
 		"a group's trust window counts from the round's reply: a slow round stretches it past the server's lease"},
 	{"lock-lapse-closes-at-once", "lock/run.go",
-		"func() { cancelFn(errLapsed) }, fnDone.Done(), 0)", "func() { cancelFn(errLapsed) }, fnDone.Done(), 1)",
+		"timing.Bound(lastOK.Add(deadline), lapse, fnDone.Done(), 0)", "timing.Bound(lastOK.Add(deadline), lapse, fnDone.Done(), 1)",
 		"TryRun's check unanswered when the trust window closes ends the session at once: a slow server's live session frees the lock to a second TryRun while fn still runs"},
 	{"lock-late-answer-ignored", "lock/run.go",
 		"if lapsed() && late == nil {", "if false {",
