@@ -56,7 +56,11 @@ type Callbacks struct {
 	// OnElected should return soon after ctx is done. After a graceful
 	// step-down (Resign, Run's context, OnElected returning) the lock is
 	// kept, and renewed, until it returns, bounded by ReleaseTimeout; after
-	// a fault the lock is already gone. If it returns while still leader,
+	// a fault the lock is already gone, except when the trust window closed
+	// with a renew unanswered (leader.ErrRenewDeadline: a slow server, a
+	// silent path): then the session, if it lives, keeps the lock until
+	// OnElected returns, again bounded by ReleaseTimeout, so that no other
+	// candidate leads meanwhile. If it returns while still leader,
 	// the elector resigns (reason leader.ErrCallbackReturned) and campaigns
 	// again after one RenewInterval. To resign from inside, call
 	// Resign(ctx) with this ctx, or return. A panic in OnElected is not

@@ -111,8 +111,12 @@ type Callbacks struct {
 	// for l.Key. ctx is cancelled the moment the key is in doubt or is
 	// being handed over, with the reason as its cause. After a graceful
 	// hand-over the key stays held, and renewed, until OnElected returns
-	// (bounded by ReleaseTimeout); after a fault it is already gone. If it
-	// returns while still leading, the key is handed over
+	// (bounded by ReleaseTimeout); after a fault it is already gone, except
+	// when the trust window closed with a round unanswered
+	// (leader.ErrRenewDeadline: a slow server, a silent path): then the
+	// session, if it lives, keeps the key until OnElected returns, again
+	// bounded by ReleaseTimeout, so that no other member leads it
+	// meanwhile. If it returns while still leading, the key is handed over
 	// (leader.ErrCallbackReturned) and taken back a round later if it is
 	// still this member's.
 	OnElected func(ctx context.Context, l leader.Leadership)
