@@ -321,6 +321,33 @@ func waitFree(t *testing.T, g *Group) {
 	}
 }
 
+// A round whose read renewed the trust window is bounded by the new
+// window: the old one's end, passing while the round's exchange is still
+// out (a slow server), demotes nothing.
+func TestScriptedRenewedWindowOutlastsTheOld(t *testing.T) {
+	g, keys, w, demoted := leadingThree(t)
+	if err := g.SetKeys(append(slices.Clone(keys), leader.KeyFromName(t.Name()+"/new"))); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	g.st.trustEnd = time.Now().Add(20 * time.Millisecond)
+	g.mu.Unlock()
+	// The exchange (the new key's try) answers well after the old window's
+	// end; the round's check, sent before it, renewed the window.
+	w.onExchange = func() { time.Sleep(100 * time.Millisecond) }
+	if err := g.round(context.Background(), w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-demoted:
+		t.Fatalf("demoted (%v) at the old window's end, though the round had renewed it", r)
+	default:
+	}
+	if g.leading() != 4 {
+		t.Fatalf("leading %d; want the 3 and the new key", g.leading())
+	}
+}
+
 // An exchange that wins keys but answers after the trust window's end
 // begins no tenure (no OnElected starts without trust): the locks are
 // kept, and the next full round, its window renewed, adopts them with no
