@@ -247,9 +247,9 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 // reason to step down when the request is granted, nil to keep leading.
 // With a named candidate it first reserves the lock for it (see
 // lockconn.Lease.Reserve); stepDown releases the reservation once the
-// candidate holds the lock.
+// candidate holds the lock. A trust window that closes under its
+// statements ends the tenure with ErrRenewDeadline, as under a renew.
 func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
-	c := e.cfg
 	now := time.Now()
 	if n := e.requests.report(now); n > 0 {
 		t.log.Warn("resign requests dropped or refused without a log line (a flood of them: see docs/security.md)", zap.Int64("count", n))
@@ -257,8 +257,27 @@ func (e *Elector) request(t *tenure, ls lease, req lockconn.Request) error {
 	if !e.requests.admit(req.PID, now) {
 		return nil
 	}
-	ctx, _, cancel := e.renewContext(t)
-	defer cancel()
+	ctx, lapsed, cancel := e.renewContext(t)
+	reason := e.decide(ctx, t, ls, req, now)
+	cut := ctx.Err() != nil
+	cancel()
+	if lapsed() {
+		// The window closed under the request's statements: the tenure
+		// ends for that, whatever the request decided. The bound cuts
+		// their I/O (which closes the session) only once OnElected
+		// returned; a session not cut drains as after a late renew
+		// (stepDown; one lost on its own fails the drain's first renew).
+		if cut {
+			return fmt.Errorf("%w (a resign request's statements were cut)", errLapsed)
+		}
+		return errAnsweredLate
+	}
+	return reason
+}
+
+// decide answers a resign request that passed the admission, on ctx.
+func (e *Elector) decide(ctx context.Context, t *tenure, ls lease, req lockconn.Request, now time.Time) error {
+	c := e.cfg
 	log := t.log.With(zap.Uint32("asker_pid", req.PID), zap.String("to", req.To))
 	answer := func(msg string) {
 		if err := ls.Reply(ctx, req.PID, msg); err != nil {
