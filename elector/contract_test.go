@@ -115,8 +115,43 @@ func TestRenewDeadlineFromLastSuccess(t *testing.T) {
 // during the drain: the leader then drains as for a resign (renewing,
 // then unlocking), and must not close the session first.
 func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
-	r, _ := startSlowDrainer(t, 2*time.Second)
+	r, _ := startSlowDrainer(t, 2*time.Second, "")
 	nextAfterSlowReturned(t, r)
+}
+
+// The leader's other statements are bounded by the same trust window,
+// with the same rule at its end: the session stays open until OnElected
+// returned. Each case slows the path just as that statement goes out, so
+// that it is the one the window's end finds unanswered (a Proclaim's
+// write; the look-up of a ranked candidate's session; a resign request's
+// look-up of who asked).
+func TestLateStatementKeepsLockWhileDraining(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		act  func(t *testing.T, key leader.Key, slow *running, dsn string)
+	}{
+		{"Proclaim", func(t *testing.T, _ leader.Key, slow *running, _ string) {
+			// The write answers late: the leader is not leading by then.
+			if err := slow.e.Proclaim(context.Background(), []byte("v2")); !errors.Is(err, leader.ErrNotLeader) {
+				t.Errorf("Proclaim whose write answered after the window: %v, want ErrNotLeader", err)
+			}
+		}},
+		{"Candidate", func(*testing.T, leader.Key, *running, string) {}}, // next's rank, proven
+		{"Requester", func(t *testing.T, key leader.Key, _ *running, dsn string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			// Its answer may come, or not: only the lock's fate is checked.
+			_, _ = elector.RequestResign(ctx, elector.DSN(dsn), key, "")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := sharedServer(t)
+			key := testKey(t)
+			r, slow := startSlowDrainer(t, 2*time.Second, tc.name)
+			go tc.act(t, key, slow, srv.DSN())
+			nextAfterSlowReturned(t, r)
+		})
+	}
 }
 
 // The same while the slow leader stops: it drains (OnElected cancelled,
@@ -124,7 +159,7 @@ func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
 // answer late: the drain goes on, and the session stays open, until
 // OnElected returned.
 func TestLateRenewWhileStoppingKeepsLock(t *testing.T) {
-	r, slow := startSlowDrainer(t, 2*time.Second)
+	r, slow := startSlowDrainer(t, 2*time.Second, "")
 	go slow.stop()
 	nextAfterSlowReturned(t, r)
 }
@@ -132,18 +167,28 @@ func TestLateRenewWhileStoppingKeepsLock(t *testing.T) {
 // startSlowDrainer runs elector "slow" behind a proxy, whose OnElected
 // works for drain after its context's end, and candidate "next" beside it;
 // once slow leads, its replies are slowed (700 ms) past its trust window
-// (500 ms), and it does not connect again.
-func startSlowDrainer(t *testing.T, drain time.Duration) (*recorder, *running) {
+// (500 ms), and it does not connect again. With slowAt "" the path slows
+// after slow's third renew; else just as slow's lease sends its first
+// call of that method (Proclaim, Candidate or Requester; with Candidate,
+// next is ranked above slow).
+func startSlowDrainer(t *testing.T, drain time.Duration, slowAt string) (*recorder, *running) {
 	srv := sharedServer(t)
 	r := newRecorder(t)
 	proxy := newProxy(t, srv)
 	key := testKey(t)
 	var down atomic.Bool
+	slowDown := func() {
+		down.Store(true)
+		proxy.DelayReplies(700 * time.Millisecond)
+	}
 	slow := startWith(t, r, opts{dsn: proxy.DSN(), key: key, id: "slow", release: 5 * time.Second,
 		onLead: func(ctx context.Context, l leader.Leadership) {
 			<-ctx.Done()
 			time.Sleep(drain)
-		}}, func(c *elector.Config) {
+		},
+		wrap: func(ls elector.Lease) elector.Lease { return &slowsAt{Lease: ls, method: slowAt, slow: slowDown} },
+	}, func(c *elector.Config) {
+		c.Values.Enabled = slowAt == "Proclaim"
 		c.Connect = leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
 			if down.Load() {
 				return nil, errors.New("this elector stays down")
@@ -152,7 +197,14 @@ func startSlowDrainer(t *testing.T, drain time.Duration) (*recorder, *running) {
 		})
 	})
 	elected := r.next("elected", "slow")
-	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
+	startWith(t, r, opts{dsn: srv.DSN(), key: key, id: "next"}, func(c *elector.Config) {
+		if slowAt == "Candidate" {
+			c.Priority = 1 // tells slow its rank, which slow looks up
+		}
+	})
+	if slowAt != "" {
+		return r, slow
+	}
 	// Renews past the first two (the first announces the leader, the next
 	// prepares the plain renew), so that each slowed renew is one round
 	// trip answered within the drain (a statement's first use is two).
@@ -160,9 +212,37 @@ func startSlowDrainer(t *testing.T, drain time.Duration) (*recorder, *running) {
 		st := slow.e.Status()
 		return st.LastRenew.Sub(elected.at) > 2*tInterval, fmt.Sprint(st.LastRenew.Sub(elected.at))
 	})
-	down.Store(true)
-	proxy.DelayReplies(700 * time.Millisecond)
+	slowDown()
 	return r, slow
+}
+
+// slowsAt slows the path (slow) as its first call of method goes out.
+type slowsAt struct {
+	elector.Lease
+	method string
+	slow   func()
+	once   sync.Once
+}
+
+func (s *slowsAt) at(method string) {
+	if method == s.method {
+		s.once.Do(s.slow)
+	}
+}
+
+func (s *slowsAt) Proclaim(ctx context.Context, t *lockconn.Target, proclaimSQL, keyName string, value []byte) error {
+	s.at("Proclaim")
+	return s.Lease.Proclaim(ctx, t, proclaimSQL, keyName, value)
+}
+
+func (s *slowsAt) Candidate(ctx context.Context, t *lockconn.Target, pid uint32) (string, bool, error) {
+	s.at("Candidate")
+	return s.Lease.Candidate(ctx, t, pid)
+}
+
+func (s *slowsAt) Requester(ctx context.Context, pid uint32, roles []string) (string, bool, bool, error) {
+	s.at("Requester")
+	return s.Lease.Requester(ctx, pid, roles)
 }
 
 // nextAfterSlowReturned waits for next's election, which must come after
