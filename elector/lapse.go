@@ -2,6 +2,7 @@ package elector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/pgleader/pgleader/internal/wire/timing"
@@ -44,4 +45,16 @@ func (e *Elector) renewContext(t *tenure) (context.Context, func() bool, func())
 		e.trustUntil.Store(0)
 		t.cancel(errLapsed)
 	}, t.cbDone, e.cfg.ReleaseTimeout)
+}
+
+// lapsedHandover is the reason a preference handover ends the tenure
+// with: a window that closed under its statements (a candidate's look-up,
+// the reservation) ended the tenure first, and then the reason is that
+// (errAnsweredLate: they answered, the session lives, stepDown drains),
+// not a resign. Other reasons (faults) stand.
+func lapsedHandover(t *tenure, reason error) error {
+	if errors.Is(reason, leader.ErrResigned) && errors.Is(context.Cause(t.ctx), errLapsed) {
+		return errAnsweredLate
+	}
+	return reason
 }

@@ -226,7 +226,7 @@ func (e *Elector) hold(t *tenure, ls lease) error {
 			}
 		}
 		if reason := e.prefer(t, ls); reason != nil {
-			return reason
+			return lapsedHandover(t, reason)
 		}
 		if time.Now().Before(t.trust.nextRenew()) {
 			continue
