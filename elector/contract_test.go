@@ -117,27 +117,38 @@ func TestRenewDeadlineFromLastSuccess(t *testing.T) {
 func TestLateRenewKeepsLockWhileDraining(t *testing.T) {
 	r, _ := startSlowDrainer(t, 2*time.Second, "")
 	nextAfterSlowReturned(t, r)
+	endedForTheWindow(t, r)
 }
 
 // The leader's other statements are bounded by the same trust window,
 // with the same rule at its end: the session stays open until OnElected
 // returned. Each case slows the path just as that statement goes out, so
 // that it is the one the window's end finds unanswered (a Proclaim's
-// write; the look-up of a ranked candidate's session; a resign request's
-// look-up of who asked).
+// write; the look-up of a ranked candidate's session, the readying of
+// the handover to it and the reservation for it; a resign request's
+// look-up of who asked). OnElected drains for four seconds: a statement's
+// first use is two slowed round trips, and a resign request's answer two
+// more, all of which must come back while OnElected still runs.
 func TestLateStatementKeepsLockWhileDraining(t *testing.T) {
+	none := func(*testing.T, leader.Key, *running, string) {}
 	for _, tc := range []struct {
-		name string
-		act  func(t *testing.T, key leader.Key, slow *running, dsn string)
+		name, method string
+		noAhead      bool // the reservation at the handover's due time, not ahead of it
+		act          func(t *testing.T, key leader.Key, slow *running, dsn string)
 	}{
-		{"Proclaim", func(t *testing.T, _ leader.Key, slow *running, _ string) {
+		{"Proclaim", "Proclaim", false, func(t *testing.T, _ leader.Key, slow *running, _ string) {
 			// The write answers late: the leader is not leading by then.
 			if err := slow.e.Proclaim(context.Background(), []byte("v2")); !errors.Is(err, leader.ErrNotLeader) {
 				t.Errorf("Proclaim whose write answered after the window: %v, want ErrNotLeader", err)
 			}
 		}},
-		{"Candidate", func(*testing.T, leader.Key, *running, string) {}}, // next's rank, proven
-		{"Requester", func(t *testing.T, key leader.Key, _ *running, dsn string) {
+		// next ranks above slow: slow proves it, readies the handover to
+		// it, and reserves the lock for it (ahead, or at the due time).
+		{"Candidate", "Candidate", false, none},
+		{"Precede", "Precede", false, none},
+		{"ReserveAhead", "Reserve", false, none},
+		{"ReserveAtHandover", "Reserve", true, none},
+		{"Requester", "Requester", false, func(t *testing.T, key leader.Key, _ *running, dsn string) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			// Its answer may come, or not: only the lock's fate is checked.
@@ -145,11 +156,18 @@ func TestLateStatementKeepsLockWhileDraining(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.noAhead {
+				// Runs first, alone: the others wait for the loop's end.
+				defer elector.SetReserveAhead(elector.SetReserveAhead(0))
+			} else {
+				t.Parallel() // each on a key and a proxy of its own
+			}
 			srv := sharedServer(t)
 			key := testKey(t)
-			r, slow := startSlowDrainer(t, 2*time.Second, tc.name)
+			r, slow := startSlowDrainer(t, 4*time.Second, tc.method)
 			go tc.act(t, key, slow, srv.DSN())
 			nextAfterSlowReturned(t, r)
+			endedForTheWindow(t, r)
 		})
 	}
 }
@@ -169,8 +187,8 @@ func TestLateRenewWhileStoppingKeepsLock(t *testing.T) {
 // once slow leads, its replies are slowed (700 ms) past its trust window
 // (500 ms), and it does not connect again. With slowAt "" the path slows
 // after slow's third renew; else just as slow's lease sends its first
-// call of that method (Proclaim, Candidate or Requester; with Candidate,
-// next is ranked above slow).
+// call of that method (Proclaim, Candidate, Precede, Reserve or
+// Requester; with the middle three, next is ranked above slow).
 func startSlowDrainer(t *testing.T, drain time.Duration, slowAt string) (*recorder, *running) {
 	srv := sharedServer(t)
 	r := newRecorder(t)
@@ -188,6 +206,7 @@ func startSlowDrainer(t *testing.T, drain time.Duration, slowAt string) (*record
 		},
 		wrap: func(ls elector.Lease) elector.Lease { return &slowsAt{Lease: ls, method: slowAt, slow: slowDown} },
 	}, func(c *elector.Config) {
+		c.Observer = demotionsTo{r: r}
 		c.Values.Enabled = slowAt == "Proclaim"
 		c.Connect = leader.ConnectFunc(func(ctx context.Context) (*pgx.Conn, error) {
 			if down.Load() {
@@ -198,7 +217,7 @@ func startSlowDrainer(t *testing.T, drain time.Duration, slowAt string) (*record
 	})
 	elected := r.next("elected", "slow")
 	startWith(t, r, opts{dsn: srv.DSN(), key: key, id: "next"}, func(c *elector.Config) {
-		if slowAt == "Candidate" {
+		if slowAt == "Candidate" || slowAt == "Precede" || slowAt == "Reserve" {
 			c.Priority = 1 // tells slow its rank, which slow looks up
 		}
 	})
@@ -214,6 +233,29 @@ func startSlowDrainer(t *testing.T, drain time.Duration, slowAt string) (*record
 	})
 	slowDown()
 	return r, slow
+}
+
+// endedForTheWindow checks that slow's tenure ended for its trust window
+// (the Observer hears the reason as the step-down begins), not for what
+// the statement it lapsed under would have done (a resign request
+// granted, a preference handover).
+func endedForTheWindow(t *testing.T, r *recorder) {
+	t.Helper()
+	if d := r.next("observed-demoted", "slow"); !errors.Is(d.reason, leader.ErrRenewDeadline) {
+		t.Fatalf("slow's tenure ended with %v, want ErrRenewDeadline", d.reason)
+	}
+}
+
+// demotionsTo records what an elector's Observer hears of its demotions,
+// as events of kind "observed-demoted": the reason the tenure ended with,
+// before a drain (whose own fault may replace the reason OnDemoted gets).
+type demotionsTo struct {
+	leader.NopObserver
+	r *recorder
+}
+
+func (o demotionsTo) Demoted(l leader.Leadership, reason error) {
+	o.r.add(event{kind: "observed-demoted", id: l.Identity, reason: reason})
 }
 
 // slowsAt slows the path (slow) as its first call of method goes out.
@@ -240,6 +282,16 @@ func (s *slowsAt) Candidate(ctx context.Context, t *lockconn.Target, pid uint32)
 	return s.Lease.Candidate(ctx, t, pid)
 }
 
+func (s *slowsAt) Precede(ctx context.Context, t *lockconn.Target, to string) (bool, bool, error) {
+	s.at("Precede")
+	return s.Lease.Precede(ctx, t, to)
+}
+
+func (s *slowsAt) Reserve(ctx context.Context, t *lockconn.Target, to string, within time.Duration) error {
+	s.at("Reserve")
+	return s.Lease.Reserve(ctx, t, to, within)
+}
+
 func (s *slowsAt) Requester(ctx context.Context, pid uint32, roles []string) (string, bool, bool, error) {
 	s.at("Requester")
 	return s.Lease.Requester(ctx, pid, roles)
@@ -256,6 +308,7 @@ func nextAfterSlowReturned(t *testing.T, r *recorder) {
 	if d := r.next("demoted", "slow"); !errors.Is(d.reason, leader.ErrRenewDeadline) {
 		t.Fatalf("slow demoted with %v, want ErrRenewDeadline", d.reason)
 	}
+
 }
 
 // Between renews the leader reads its idle socket: with a 5 s interval, a
