@@ -165,9 +165,14 @@ func TestLateStatementKeepsLockWhileDraining(t *testing.T) {
 			srv := sharedServer(t)
 			key := testKey(t)
 			r, slow := startSlowDrainer(t, 4*time.Second, tc.method)
-			go tc.act(t, key, slow, srv.DSN())
+			acted := make(chan struct{})
+			go func() {
+				defer close(acted)
+				tc.act(t, key, slow, srv.DSN())
+			}()
 			nextAfterSlowReturned(t, r)
 			endedForTheWindow(t, r)
+			<-acted // its t.Errorf must come before the test ends
 		})
 	}
 }
