@@ -133,18 +133,23 @@ func TestForeignTermsTableRefused(t *testing.T) {
 		t.Fatalf("Group.Run with a foreign terms table: want ErrForeignTable, got %v", err)
 	}
 	// Trusted: it leads, with the table's schema in its Leadership.
+	// The recorder's "elected" event comes before onLead runs: wait for
+	// onLead's own Leadership instead.
 	rec := newRecorder(t)
-	var got leader.Leadership
-	var mu sync.Mutex
+	led := make(chan leader.Leadership, 1)
 	startWith(t, rec, opts{dsn: r.AppDSN, key: key, id: "trusting", onLead: func(ctx context.Context, l leader.Leadership) {
-		mu.Lock()
-		got = l
-		mu.Unlock()
+		select {
+		case led <- l:
+		default: // a later tenure: the first is the one checked
+		}
 		<-ctx.Done()
 	}}, func(c *elector.Config) { c.Fencing = cfg(r.Evil).Fencing })
-	rec.next("elected", "trusting")
-	mu.Lock()
-	defer mu.Unlock()
+	var got leader.Leadership
+	select {
+	case got = <-led:
+	case <-time.After(waitLong):
+		t.Fatal("the trusting elector did not lead")
+	}
 	if got.Term != 1 || got.TermsTable != "public."+table {
 		t.Fatalf("trusted table: term %d in %q", got.Term, got.TermsTable)
 	}
