@@ -265,6 +265,14 @@ func (g *Group) won(ctx context.Context, w wire, won []tag) error {
 			g.st.leftover(k) // released next round
 			continue
 		}
+		if !time.Now().Before(g.st.trustEnd) {
+			// The terms' answer came late, or beginning the keys before
+			// this one took that long (the lapse waits for g.mu): the
+			// same as a late win, the lock kept for a round that renews
+			// the window.
+			g.st.leftover(k)
+			continue
+		}
 		delete(g.st.extra, k)
 		g.begin(ks, w.PID(), termOf[k])
 	}

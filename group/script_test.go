@@ -40,6 +40,8 @@ type scriptWire struct {
 	// while an exchange is in flight.
 	roundDelay time.Duration
 	onExchange func()
+	// onBump runs while a term bump is in flight.
+	onBump func()
 	// scanDelay: a scan round's reply comes this much later still; scans:
 	// when each scan round was answered; stacked: tries of a key already
 	// held (on a server, the lock stacks: one unlock would not free it).
@@ -124,6 +126,9 @@ func (w *scriptWire) Exchange(ctx context.Context, x lockconn.Exchange) ([]tag, 
 	return won, len(x.Unlock) > 0, nil
 }
 func (w *scriptWire) Bump(ctx context.Context, won []tag, names []string) (map[tag]int64, error) {
+	if w.onBump != nil {
+		w.onBump()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["bump"]++
@@ -373,6 +378,42 @@ func TestScriptedLateWinBeginsNothing(t *testing.T) {
 	}
 	if g.leading() != 3 || w.stacked != 0 {
 		t.Fatalf("the next full round: leading %d, %d tries of a held key; want the 3 adopted", g.leading(), w.stacked)
+	}
+}
+
+// With fencing, the terms of the keys won answer after the trust
+// window's end: no tenure begins either (the lapse, which waits for the
+// state's lock, would end it only after OnElected had started without
+// trust). The locks are kept and adopted, with their terms, by the next
+// full round, with no try of a held key.
+func TestScriptedLateTermsBeginNothing(t *testing.T) {
+	g, keys := scripted(t, 3, func(c *Config) { c.Fencing = Fencing{Enabled: true} })
+	w := newScriptWire("me")
+	w.onBump = func() {
+		g.mu.Lock()
+		g.st.trustEnd = time.Now().Add(-time.Millisecond) // the answer comes late
+		g.mu.Unlock()
+	}
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 0 || len(w.held) != 3 {
+		t.Fatalf("terms answered after the window's end: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
+	}
+	w.onBump = nil
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if g.leading() != 3 || w.stacked != 0 {
+		t.Fatalf("the next full round: leading %d, %d tries of a held key; want the 3 adopted", g.leading(), w.stacked)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, k := range keys {
+		if ks := g.st.keys[tagOf(k)]; ks.tenure.l.Term == 0 {
+			t.Errorf("%s adopted without a term", k)
+		}
 	}
 }
 
