@@ -131,6 +131,9 @@ func (g *Group) apply(a actions, in input) {
 		st.dirty = true
 	}
 	if a.assign != nil {
+		if ce := g.log.Check(zap.DebugLevel, "assigned"); ce != nil {
+			ce.Write(zap.Strings("members", a.assign.members), zap.Int("mine", len(a.assign.mine)), zap.Bool("full", in.full), zap.Bool("scanned", in.scanned))
+		}
 		st.owner, st.assigned, st.rekey, st.dirty = a.assign.owner, a.assign.members, false, false
 		for k, ks := range st.keys {
 			ks.mine, ks.gift = a.assign.mine[k], false
@@ -183,6 +186,9 @@ func (g *Group) exchange(ctx context.Context, w wire, full bool, a actions) erro
 		}
 	}
 	won, unlocked, err := w.Exchange(ctx, x)
+	if ce := g.log.Check(zap.DebugLevel, "exchanged"); ce != nil {
+		ce.Write(zap.Int("won", len(won)), zap.Int("want", len(a.want)), zap.Error(err))
+	}
 	if errors.Is(err, lockconn.ErrLockTableFull) {
 		err = g.tableFull(err)
 		g.inDoubt(a)

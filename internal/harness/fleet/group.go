@@ -74,7 +74,10 @@ func runGroupMember(ctx context.Context, o Options, in io.Reader, em *Emitter) e
 
 // debugLogger is a member's logger: with $PGLEADER_FLEET_LOGDIR set, debug
 // lines to <dir>/<identity>.log (how the group's resign regression was
-// traced); none otherwise.
+// traced); none otherwise. The lines of each key's tenure (elected,
+// handing over, demoted) are left out unless $PGLEADER_FLEET_LOGKEYS is
+// set: at 100,000 keys, writing them made the member's rounds late enough
+// to lapse, and the trace showed the logger rather than the member.
 func debugLogger(id string) *zap.Logger {
 	dir := os.Getenv("PGLEADER_FLEET_LOGDIR")
 	if dir == "" {
@@ -83,9 +86,27 @@ func debugLogger(id string) *zap.Logger {
 	c := zap.NewDevelopmentConfig()
 	c.OutputPaths = []string{filepath.Join(dir, id+".log")}
 	c.EncoderConfig.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05.000000") // a hand-over takes a millisecond or two
-	l, err := c.Build()
+	var opts []zap.Option
+	if os.Getenv("PGLEADER_FLEET_LOGKEYS") == "" {
+		opts = append(opts, zap.WrapCore(func(c zapcore.Core) zapcore.Core { return skipKeyLines{c} }))
+	}
+	l, err := c.Build(opts...)
 	if err != nil {
 		return nil
 	}
 	return l
+}
+
+// skipKeyLines leaves out a group's lines about one key's tenure.
+type skipKeyLines struct{ zapcore.Core }
+
+var keyLines = map[string]bool{"elected": true, "handing over": true, "demoted": true}
+
+func (c skipKeyLines) With(f []zapcore.Field) zapcore.Core { return skipKeyLines{c.Core.With(f)} }
+
+func (c skipKeyLines) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if e.Level == zapcore.DebugLevel && keyLines[e.Message] {
+		return ce
+	}
+	return c.Core.Check(e, ce)
 }
