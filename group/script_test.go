@@ -40,8 +40,10 @@ type scriptWire struct {
 	// while an exchange is in flight.
 	roundDelay time.Duration
 	onExchange func()
-	// onBump runs while a term bump is in flight.
+	// onBump runs while a term bump is in flight; block: a full round is
+	// never answered (it ends with its context).
 	onBump func()
+	block  bool
 	// scanDelay: a scan round's reply comes this much later still; scans:
 	// when each scan round was answered; stacked: tries of a key already
 	// held (on a server, the lock stacks: one unlock would not free it).
@@ -71,6 +73,10 @@ func (w *scriptWire) RosterHolder(context.Context) (lockconn.SpaceHolder, error)
 	return lockconn.SpaceHolder{}, nil
 }
 func (w *scriptWire) Round(ctx context.Context, _ string, scan bool) (lockconn.Scan, error) {
+	if w.block {
+		<-ctx.Done()
+		return lockconn.Scan{}, ctx.Err()
+	}
 	if w.roundDelay > 0 {
 		time.Sleep(w.roundDelay)
 	}
@@ -470,6 +476,99 @@ func TestScriptedLapseKeepsLocksUntilOnElectedReturns(t *testing.T) {
 	}
 	if g.leading() != 3 || w.stacked != 0 || len(w.held) != 3 {
 		t.Fatalf("after OnDemoted, a full round: leading %d, %d tries of a held key, %d held; want the 3 adopted", g.leading(), w.stacked, len(w.held))
+	}
+}
+
+// A lapse whose OnElected ignores its context: the round's I/O, and with
+// it the session, stays open for ReleaseTimeout at most after the window's
+// end, then ends (the session closes, freeing the keys): a member that no
+// longer trusts its keys does not keep them from the others for ever.
+// Until then it stays open (TestScriptedLapseKeepsLocksUntilOnElectedReturns).
+func TestScriptedLapseDrainEndsAtReleaseTimeout(t *testing.T) {
+	const releaseTimeout = 300 * time.Millisecond
+	release := make(chan struct{})
+	g, _ := scripted(t, 3, func(c *Config) {
+		c.ReleaseTimeout = releaseTimeout
+		c.Callbacks.OnElected = func(context.Context, leader.Leadership) { <-release } // ignores its context
+	})
+	// Registered after scripted's cleanup, so run before it.
+	returnAll := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(returnAll)
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	// The next round is never answered; the window closes 50 ms in.
+	lapse := time.Now().Add(50 * time.Millisecond)
+	g.mu.Lock()
+	g.st.trustEnd = lapse
+	g.mu.Unlock()
+	w.block = true
+	done := make(chan error, 1)
+	go func() { done <- g.round(ctx, w, fullRound) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, leader.ErrRenewDeadline) {
+			t.Errorf("the unanswered round ended with %v, want ErrRenewDeadline", err)
+		}
+		if early := releaseTimeout - time.Since(lapse); early > 0 {
+			t.Errorf("the round's I/O ended %v before ReleaseTimeout had passed since the window's end, with OnElected still running", early)
+		}
+	case <-time.After(20 * time.Second):
+		returnAll() // so that the round can end
+		<-done
+		t.Fatal("the round's I/O outlived ReleaseTimeout after the lapse: an OnElected that ignores its context kept the session, and the keys, for ever")
+	}
+}
+
+// A second lapse while the OnElected calls the first one cancelled still
+// run (a late answer kept the session, and their locks): its drain waits
+// for them too, for ReleaseTimeout at most. Cutting the I/O at once would
+// close the session and free those locks while their OnElected run.
+func TestScriptedSecondLapseWaitsForTheFirstsOnElected(t *testing.T) {
+	const releaseTimeout = 2 * time.Second // past the next round's RenewDeadline, as by default
+	release := make(chan struct{})
+	g, _ := scripted(t, 3, func(c *Config) {
+		c.RenewInterval, c.RenewDeadline, c.LeaseDuration, c.ReleaseTimeout = 50*time.Millisecond, 200*time.Millisecond, 400*time.Millisecond, releaseTimeout
+		c.Callbacks.OnElected = func(context.Context, leader.Leadership) { <-release } // ignores its context
+	})
+	returnAll := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(returnAll)
+	w := newScriptWire("me")
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	// The first lapse: the round begins after the window's end, and its
+	// answer (sent after the lapse) keeps the session and the locks.
+	first := time.Now()
+	g.mu.Lock()
+	g.st.trustEnd = first.Add(-time.Millisecond)
+	g.mu.Unlock()
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatalf("the round after the lapse: %v", err)
+	}
+	if g.leading() != 0 || len(w.held) != 3 {
+		t.Fatalf("after the first lapse: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
+	}
+	// The second: a round never answered (leading no key, it is bounded
+	// by RenewDeadline from its send).
+	w.block = true
+	done := make(chan error, 1)
+	go func() { done <- g.round(ctx, w, fullRound) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, leader.ErrRenewDeadline) {
+			t.Errorf("the unanswered round ended with %v, want ErrRenewDeadline", err)
+		}
+		if early := releaseTimeout - time.Since(first); early > 0 {
+			t.Errorf("the second lapse ended the I/O %v before ReleaseTimeout had passed since the first one's cancel, their OnElected still running", early)
+		}
+	case <-time.After(20 * time.Second):
+		returnAll()
+		<-done
+		t.Fatal("the second lapse's round outlived ReleaseTimeout")
 	}
 }
 
