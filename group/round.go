@@ -263,8 +263,8 @@ func (g *Group) won(ctx context.Context, w wire, won []tag) error {
 			return nil
 		}
 	}
+	begun := make([]*tenure, 0, len(won))
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, k := range won {
 		ks := g.st.keys[k]
 		if ks == nil || !ks.inSet || ks.phase != phaseFree || g.st.stopping {
@@ -280,8 +280,10 @@ func (g *Group) won(ctx context.Context, w wire, won []tag) error {
 			continue
 		}
 		delete(g.st.extra, k)
-		g.begin(ks, w.PID(), termOf[k])
+		begun = append(begun, g.begin(ks, w.PID(), termOf[k]))
 	}
+	g.mu.Unlock()
+	g.launch(begun)
 	return nil
 }
 

@@ -423,6 +423,45 @@ func TestScriptedLateTermsBeginNothing(t *testing.T) {
 	}
 }
 
+// A tenure that ends between its beginning (under the state's lock) and
+// the start of its goroutine (after it): a lapse or a stop in between.
+// Its OnElected still runs, with its context already cancelled with the
+// reason, and OnDemoted follows its return, once.
+func TestScriptedTenureEndedBeforeLaunch(t *testing.T) {
+	events := make(chan string, 4)
+	g, keys := scripted(t, 1, func(c *Config) {
+		c.Callbacks.OnElected = func(ctx context.Context, _ leader.Leadership) {
+			events <- fmt.Sprintf("elected, cancelled %v", errors.Is(context.Cause(ctx), errLapsed))
+		}
+		c.Callbacks.OnDemoted = func(_ leader.Leadership, reason error) {
+			events <- fmt.Sprintf("demoted, lapsed %v", errors.Is(reason, errLapsed))
+		}
+	})
+	k := tagOf(keys[0])
+	g.mu.Lock()
+	ks := g.st.keys[k]
+	ten := g.begin(ks, 4242, 0)
+	g.end(k, ks, errLapsed)
+	g.mu.Unlock()
+	g.launch([]*tenure{ten})
+	for _, want := range []string{"elected, cancelled true", "demoted, lapsed true"} {
+		select {
+		case got := <-events:
+			if got != want {
+				t.Fatalf("got %q, want %q", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %q", want)
+		}
+	}
+	waitFree(t, g)
+	select {
+	case e := <-events:
+		t.Fatalf("more after OnDemoted: %q", e)
+	default:
+	}
+}
+
 // A lapse (no round answered within the trust window) ends every tenure
 // at once, but the locks whose OnElected still runs stay held, through
 // light, full and scan rounds, until it returns: released earlier, another

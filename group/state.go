@@ -71,6 +71,7 @@ func (h resignHold) set() bool { return h.member != "" }
 // tenure is one key's tenure in this member, from the grant to OnDemoted.
 type tenure struct {
 	l         leader.Leadership
+	ctx       context.Context // OnElected's
 	cancel    context.CancelCauseFunc
 	done      chan struct{} // OnElected returned
 	reason    error         // why it is handed over, or ended
