@@ -359,67 +359,50 @@ func TestScriptedRenewedWindowOutlastsTheOld(t *testing.T) {
 	}
 }
 
-// An exchange that wins keys but answers after the trust window's end
-// begins no tenure (no OnElected starts without trust): the locks are
-// kept, and the next full round, its window renewed, adopts them with no
-// try (a try on a held key stacks the lock).
+// A win whose answer comes after the trust window's end begins no tenure
+// (no OnElected starts without trust): the exchange's own answer, or,
+// with fencing, the answer of the terms' statement that follows it (the
+// lapse, which waits for the state's lock, would end such a tenure only
+// after its OnElected had started). The locks are kept, and the next full
+// round, its window renewed, adopts them (with their terms) with no try
+// (a try on a held key stacks the lock).
 func TestScriptedLateWinBeginsNothing(t *testing.T) {
-	g, _ := scripted(t, 3, nil)
-	w := newScriptWire("me")
-	w.onExchange = func() {
-		g.mu.Lock()
-		g.st.trustEnd = time.Now().Add(-time.Millisecond) // the answer comes late
-		g.mu.Unlock()
-	}
-	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatal(err)
-	}
-	if g.leading() != 0 || len(w.held) != 3 {
-		t.Fatalf("a win answered after the window's end: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
-	}
-	w.onExchange = nil
-	if err := g.round(ctx, w, fullRound); err != nil {
-		t.Fatal(err)
-	}
-	if g.leading() != 3 || w.stacked != 0 {
-		t.Fatalf("the next full round: leading %d, %d tries of a held key; want the 3 adopted", g.leading(), w.stacked)
-	}
-}
-
-// With fencing, the terms of the keys won answer after the trust
-// window's end: no tenure begins either (the lapse, which waits for the
-// state's lock, would end it only after OnElected had started without
-// trust). The locks are kept and adopted, with their terms, by the next
-// full round, with no try of a held key.
-func TestScriptedLateTermsBeginNothing(t *testing.T) {
-	g, keys := scripted(t, 3, func(c *Config) { c.Fencing = Fencing{Enabled: true} })
-	w := newScriptWire("me")
-	w.onBump = func() {
-		g.mu.Lock()
-		g.st.trustEnd = time.Now().Add(-time.Millisecond) // the answer comes late
-		g.mu.Unlock()
-	}
-	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil {
-		t.Fatal(err)
-	}
-	if g.leading() != 0 || len(w.held) != 3 {
-		t.Fatalf("terms answered after the window's end: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
-	}
-	w.onBump = nil
-	if err := g.round(ctx, w, fullRound); err != nil {
-		t.Fatal(err)
-	}
-	if g.leading() != 3 || w.stacked != 0 {
-		t.Fatalf("the next full round: leading %d, %d tries of a held key; want the 3 adopted", g.leading(), w.stacked)
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, k := range keys {
-		if ks := g.st.keys[tagOf(k)]; ks.tenure.l.Term == 0 {
-			t.Errorf("%s adopted without a term", k)
-		}
+	for _, fenced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fencing=%v", fenced), func(t *testing.T) {
+			g, keys := scripted(t, 3, func(c *Config) { c.Fencing.Enabled = fenced })
+			w := newScriptWire("me")
+			late := func() {
+				g.mu.Lock()
+				g.st.trustEnd = time.Now().Add(-time.Millisecond) // the answer comes late
+				g.mu.Unlock()
+			}
+			if fenced {
+				w.onBump = late
+			} else {
+				w.onExchange = late
+			}
+			ctx := context.Background()
+			if err := g.round(ctx, w, scanRound); err != nil {
+				t.Fatal(err)
+			}
+			if g.leading() != 0 || len(w.held) != 3 {
+				t.Fatalf("a win answered after the window's end: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
+			}
+			w.onExchange, w.onBump = nil, nil
+			if err := g.round(ctx, w, fullRound); err != nil {
+				t.Fatal(err)
+			}
+			if g.leading() != 3 || w.stacked != 0 {
+				t.Fatalf("the next full round: leading %d, %d tries of a held key; want the 3 adopted", g.leading(), w.stacked)
+			}
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			for _, k := range keys {
+				if ks := g.st.keys[tagOf(k)]; fenced && ks.tenure.l.Term == 0 {
+					t.Errorf("%s adopted without a term", k)
+				}
+			}
+		})
 	}
 }
 
@@ -525,40 +508,13 @@ func TestScriptedLapseKeepsLocksUntilOnElectedReturns(t *testing.T) {
 // Until then it stays open (TestScriptedLapseKeepsLocksUntilOnElectedReturns).
 func TestScriptedLapseDrainEndsAtReleaseTimeout(t *testing.T) {
 	const releaseTimeout = 300 * time.Millisecond
-	release := make(chan struct{})
-	g, _ := scripted(t, 3, func(c *Config) {
-		c.ReleaseTimeout = releaseTimeout
-		c.Callbacks.OnElected = func(context.Context, leader.Leadership) { <-release } // ignores its context
-	})
-	// Registered after scripted's cleanup, so run before it.
-	returnAll := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(returnAll)
-	w := newScriptWire("me")
-	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
-		t.Fatalf("first round: %v, leading %d", err, g.leading())
-	}
+	g, w := stubbornLeader(t, func(c *Config) { c.ReleaseTimeout = releaseTimeout })
 	// The next round is never answered; the window closes 50 ms in.
 	lapse := time.Now().Add(50 * time.Millisecond)
 	g.mu.Lock()
 	g.st.trustEnd = lapse
 	g.mu.Unlock()
-	w.block = true
-	done := make(chan error, 1)
-	go func() { done <- g.round(ctx, w, fullRound) }()
-	select {
-	case err := <-done:
-		if !errors.Is(err, leader.ErrRenewDeadline) {
-			t.Errorf("the unanswered round ended with %v, want ErrRenewDeadline", err)
-		}
-		if early := releaseTimeout - time.Since(lapse); early > 0 {
-			t.Errorf("the round's I/O ended %v before ReleaseTimeout had passed since the window's end, with OnElected still running", early)
-		}
-	case <-time.After(20 * time.Second):
-		returnAll() // so that the round can end
-		<-done
-		t.Fatal("the round's I/O outlived ReleaseTimeout after the lapse: an OnElected that ignores its context kept the session, and the keys, for ever")
-	}
+	unanswered(t, g, w, lapse.Add(releaseTimeout), "ReleaseTimeout had passed since the window's end")
 }
 
 // A second lapse while the OnElected calls the first one cancelled still
@@ -567,25 +523,16 @@ func TestScriptedLapseDrainEndsAtReleaseTimeout(t *testing.T) {
 // close the session and free those locks while their OnElected run.
 func TestScriptedSecondLapseWaitsForTheFirstsOnElected(t *testing.T) {
 	const releaseTimeout = 2 * time.Second // past the next round's RenewDeadline, as by default
-	release := make(chan struct{})
-	g, _ := scripted(t, 3, func(c *Config) {
+	g, w := stubbornLeader(t, func(c *Config) {
 		c.RenewInterval, c.RenewDeadline, c.LeaseDuration, c.ReleaseTimeout = 50*time.Millisecond, 200*time.Millisecond, 400*time.Millisecond, releaseTimeout
-		c.Callbacks.OnElected = func(context.Context, leader.Leadership) { <-release } // ignores its context
 	})
-	returnAll := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(returnAll)
-	w := newScriptWire("me")
-	ctx := context.Background()
-	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 3 {
-		t.Fatalf("first round: %v, leading %d", err, g.leading())
-	}
 	// The first lapse: the round begins after the window's end, and its
 	// answer (sent after the lapse) keeps the session and the locks.
 	first := time.Now()
 	g.mu.Lock()
 	g.st.trustEnd = first.Add(-time.Millisecond)
 	g.mu.Unlock()
-	if err := g.round(ctx, w, fullRound); err != nil {
+	if err := g.round(context.Background(), w, fullRound); err != nil {
 		t.Fatalf("the round after the lapse: %v", err)
 	}
 	if g.leading() != 0 || len(w.held) != 3 {
@@ -593,21 +540,46 @@ func TestScriptedSecondLapseWaitsForTheFirstsOnElected(t *testing.T) {
 	}
 	// The second: a round never answered (leading no key, it is bounded
 	// by RenewDeadline from its send).
+	unanswered(t, g, w, first.Add(releaseTimeout), "ReleaseTimeout had passed since the first lapse's cancel")
+}
+
+// stubbornLeader is a scripted member leading 3 keys whose OnElected
+// ignores its context (each returns only as the test ends).
+func stubbornLeader(t *testing.T, edit func(*Config)) (*Group, *scriptWire) {
+	t.Helper()
+	release := make(chan struct{})
+	g, _ := scripted(t, 3, func(c *Config) {
+		edit(c)
+		c.Callbacks.OnElected = func(context.Context, leader.Leadership) { <-release }
+	})
+	// Registered after scripted's cleanup, so run before it.
+	t.Cleanup(func() { close(release) })
+	w := newScriptWire("me")
+	if err := g.round(context.Background(), w, scanRound); err != nil || g.leading() != 3 {
+		t.Fatalf("first round: %v, leading %d", err, g.leading())
+	}
+	return g, w
+}
+
+// unanswered runs a full round that is never answered: it must end with
+// ErrRenewDeadline (its I/O, and so the session, cut) not before notBefore,
+// while the OnElected calls still run, and within 20 s.
+func unanswered(t *testing.T, g *Group, w *scriptWire, notBefore time.Time, what string) {
+	t.Helper()
 	w.block = true
 	done := make(chan error, 1)
-	go func() { done <- g.round(ctx, w, fullRound) }()
+	go func() { done <- g.round(context.Background(), w, fullRound) }()
 	select {
 	case err := <-done:
 		if !errors.Is(err, leader.ErrRenewDeadline) {
 			t.Errorf("the unanswered round ended with %v, want ErrRenewDeadline", err)
 		}
-		if early := releaseTimeout - time.Since(first); early > 0 {
-			t.Errorf("the second lapse ended the I/O %v before ReleaseTimeout had passed since the first one's cancel, their OnElected still running", early)
+		if early := time.Until(notBefore); early > 0 {
+			t.Errorf("the round's I/O ended %v before %s, with OnElected still running", early, what)
 		}
 	case <-time.After(20 * time.Second):
-		returnAll()
-		<-done
-		t.Fatal("the second lapse's round outlived ReleaseTimeout")
+		// The cleanup returns the OnElected calls; the round ends then.
+		t.Fatal("the unanswered round's I/O outlived ReleaseTimeout: an OnElected that ignores its context kept the session, and the keys, for ever")
 	}
 }
 
