@@ -245,8 +245,11 @@ func (g *Group) won(ctx context.Context, w wire, won []tag) error {
 	lapsed := !time.Now().Before(g.st.trustEnd)
 	if lapsed {
 		// The answer came after the trust window's end: no OnElected
-		// begins without trust. The locks are kept, and adopted by a
-		// round that renews the window.
+		// begins without trust (the loop below would keep every key
+		// too), and with fencing no term is installed for keys that
+		// cannot be led now: a transaction, and a term, spent for
+		// nothing. The locks are kept, and adopted by a round that
+		// renews the window.
 		g.st.leftover(won...)
 	}
 	g.mu.Unlock()

@@ -363,12 +363,19 @@ func TestScriptedRenewedWindowOutlastsTheOld(t *testing.T) {
 // (no OnElected starts without trust): the exchange's own answer, or,
 // with fencing, the answer of the terms' statement that follows it (the
 // lapse, which waits for the state's lock, would end such a tenure only
-// after its OnElected had started). The locks are kept, and the next full
-// round, its window renewed, adopts them (with their terms) with no try
-// (a try on a held key stacks the lock).
+// after its OnElected had started). A late exchange installs no terms
+// either (a transaction, and a term, spent on keys it cannot lead). The
+// locks are kept, and the next full round, its window renewed, adopts
+// them (with their terms) with no try (a try on a held key stacks the
+// lock).
 func TestScriptedLateWinBeginsNothing(t *testing.T) {
-	for _, fenced := range []bool{false, true} {
-		t.Run(fmt.Sprintf("fencing=%v", fenced), func(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		fenced      bool
+		lateAtTerms bool
+	}{{"late exchange", false, false}, {"fencing, late exchange", true, false}, {"fencing, late terms", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			fenced := tc.fenced
 			g, keys := scripted(t, 3, func(c *Config) { c.Fencing.Enabled = fenced })
 			w := newScriptWire("me")
 			late := func() {
@@ -376,7 +383,7 @@ func TestScriptedLateWinBeginsNothing(t *testing.T) {
 				g.st.trustEnd = time.Now().Add(-time.Millisecond) // the answer comes late
 				g.mu.Unlock()
 			}
-			if fenced {
+			if tc.lateAtTerms {
 				w.onBump = late
 			} else {
 				w.onExchange = late
@@ -387,6 +394,9 @@ func TestScriptedLateWinBeginsNothing(t *testing.T) {
 			}
 			if g.leading() != 0 || len(w.held) != 3 {
 				t.Fatalf("a win answered after the window's end: leading %d, %d held; want none led, the 3 kept", g.leading(), len(w.held))
+			}
+			if n := w.count("bump"); fenced && !tc.lateAtTerms && n != 0 {
+				t.Fatalf("a win answered after the window's end installed terms (%d statements) for keys it cannot lead", n)
 			}
 			w.onExchange, w.onBump = nil, nil
 			if err := g.round(ctx, w, fullRound); err != nil {

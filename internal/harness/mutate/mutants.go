@@ -380,7 +380,7 @@ var mutants = []mutant{
 		"a stopping member whose trust window lapsed leaves (its unlock-all) on a late answer while the lapsed keys' OnElected still drain: a survivor leads them meanwhile"},
 	{"group-won-after-lapse", "group/round.go",
 		"lapsed := !time.Now().Before(g.st.trustEnd)", "lapsed := false",
-		"a group begins tenures on a win answered after the trust window's end: OnElected runs with no trust"},
+		"a group with fencing installs terms for keys won in an answer after the trust window's end, which it cannot lead: a transaction on the shared database, and a term, spent for nothing"},
 	{"group-late-terms-begin", "group/round.go",
 		"\t\tif !time.Now().Before(g.st.trustEnd) {\n\t\t\t// The terms' answer came late", "\t\tif false {\n\t\t\t// The terms' answer came late",
 		"with fencing, a group begins tenures whose terms answered after the trust window's end: OnElected runs with no trust"},
