@@ -22,7 +22,10 @@ type Observer interface {
 	// Renewed: a leader's renew succeeded, taking latency.
 	Renewed(l Leadership, latency time.Duration)
 	// Demoted: a tenure ended, for reason. It is called as the step-down
-	// begins, before OnElected has returned and OnDemoted runs.
+	// begins, before OnElected has returned and OnDemoted runs, so reason
+	// is why the step-down began: a graceful one (a resign, say) that then
+	// loses its session while OnElected returns gives OnDemoted that fault
+	// instead, after this call.
 	Demoted(l Leadership, reason error)
 	// Reconnecting: a connection attempt failed or a connection was lost,
 	// and the next attempt comes after delay.
