@@ -241,6 +241,44 @@ func TestGroupResign(t *testing.T) {
 	}
 }
 
+// A resign's hand-over goes out as the resigned key's OnElected returns,
+// not at the member's next renew: with a renew every 20 s, the other
+// member leads the key within seconds (milliseconds, in fact), and the
+// resigning member's Resign returns as soon.
+func TestGroupResignReleasesOnReturn(t *testing.T) {
+	srv := sharedServer(t)
+	w := newGroupWatch(t)
+	keys := groupKeys(t.Name(), 4)
+	members := map[string]*member{}
+	for _, id := range []string{"sa", "sb"} {
+		members[id] = runMember(t, group.Config{
+			Connect: leader.DSN(srv.DSN()), Group: t.Name(), Keys: keys, Identity: id, Callbacks: w.callbacks(id),
+			RenewInterval: 20 * time.Second, RenewDeadline: 40 * time.Second, LeaseDuration: 60 * time.Second,
+			Logger: testLogger(t, nil),
+		})
+	}
+	balanced(t, w, 4, 2, 2, "sa", "sb")
+	for _, k := range members["sa"].g.Owned() {
+		began := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- members["sa"].g.Resign(context.Background(), k) }()
+		eventuallyWithin(t, "sb leads the key sa resigned, well before sa's next renew (20 s)", 5*time.Second, func() (bool, string) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.leading[k.String()] == "sb", w.leading[k.String()]
+		})
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Resign did not return within 5 s of the hand-over")
+		}
+		t.Logf("%s: led by sb %s after the resign began", k, time.Since(began))
+	}
+}
+
 // Bad input: duplicate keys and a missing name are config errors; an empty
 // set joins and leads nothing until SetKeys; members whose sets differ
 // never lead a key twice, and lead everything once the sets agree.

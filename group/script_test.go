@@ -652,6 +652,45 @@ func TestScriptedBusyTermThenAdopted(t *testing.T) {
 	}
 }
 
+// A lock held without a tenure that a round releases (its key left the
+// set) is no longer counted as held: when the key comes back before the
+// next scan, it is tried again, and led only on a lock the session holds.
+// Counted still, it would be adopted, and led, on no lock at all.
+func TestScriptedReleasedLeftoverIsTriedAgain(t *testing.T) {
+	g, keys := scripted(t, 3, func(c *Config) { c.Fencing = Fencing{Enabled: true} })
+	w := newScriptWire("me")
+	w.busyBumps = 1
+	ctx := context.Background()
+	if err := g.round(ctx, w, scanRound); err != nil || g.leading() != 0 || len(w.held) != 3 {
+		t.Fatalf("busy term: %v, leading %d, held %d; want 0 and 3", err, g.leading(), len(w.held))
+	}
+	// keys[0] leaves the set: the next round releases its lock and adopts
+	// the other two.
+	if err := g.SetKeys(keys[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.round(ctx, w, fullRound); err != nil || g.leading() != 2 || w.held[tagOf(keys[0])] {
+		t.Fatalf("keys[0] out of the set: %v, leading %d, keys[0] held %v; want 2 and false", err, g.leading(), w.held[tagOf(keys[0])])
+	}
+	// It comes back before any scan.
+	if err := g.SetKeys(keys); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.round(ctx, w, fullRound); err != nil || g.leading() != 3 {
+		t.Fatalf("keys[0] back: %v, leading %d; want 3", err, g.leading())
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, k := range keys {
+		if !w.held[tagOf(k)] {
+			t.Fatalf("%s led on a lock the session does not hold", k)
+		}
+	}
+	if w.stacked != 0 {
+		t.Fatalf("%d tries of a key already held (the lock stacks)", w.stacked)
+	}
+}
+
 // The terms of keys just won meet a lock table another role filled (the
 // terms' transaction needs a slot for its id): the session goes on, every
 // key already led stays led (a key whose OnElected still drains after a
