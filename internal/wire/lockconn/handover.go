@@ -121,6 +121,10 @@ func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (
 	return ok, err
 }
 
+// gateWait is the least time Reserve tries a taken gate for (a
+// reservation ahead has no bound of its own).
+const gateWait = 25 * time.Millisecond
+
 // Reserve reserves t's lock for the candidate named to, before this
 // session (its leader) steps down: it takes t's gate and to's name lock and
 // announces the reservation (see ReserveChannel). It then waits, up to
@@ -133,7 +137,14 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 	if l.wakes() {
 		sql, args, into = reserveWake, append(args, l.f.slots), append(into, new(*int32))
 	}
-	for i := 0; ; i++ {
+	// A winner's probe holds the gate in share mode for microseconds; the
+	// leader before this one holds it until it sees this leader hold the
+	// lock (Unreserve), which a loaded server can make tens of
+	// milliseconds; another role may hold it for good (then the handover
+	// fails). So the gate is tried again for the handover's whole bound,
+	// and at least gateWait.
+	gateBy := time.Now().Add(max(within, gateWait))
+	for pause := time.Millisecond; ; pause = min(2*pause, 5*time.Millisecond) {
 		err := l.conn.QueryRow(ctx, sql, args...).Scan(into...)
 		if err != nil {
 			return err
@@ -144,15 +155,13 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 		if gate && name {
 			break
 		}
-		// A winner's probe holds the gate in share mode for microseconds;
-		// another role may hold it for good (then the handover fails).
 		if err := l.release(ctx, t, to, gate, name); err != nil {
 			return err
 		}
-		if i == 20 {
+		if time.Now().After(gateBy) {
 			return fmt.Errorf("pgleader: the gate of %s stays taken", t.Channel())
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(pause)
 	}
 	deadline := time.Now().Add(within)
 	for pause := time.Millisecond; ; pause = min(2*pause, 5*time.Millisecond) {

@@ -583,6 +583,39 @@ func TestReservationWakesTheOtherHeirs(t *testing.T) {
 	h.handOver(t)
 }
 
+// The gate held a while by another session: the leader before this one
+// holds it until it sees this leader hold the lock (Unreserve, whose
+// looks back off to 50 ms), which CI's matrix under load made outlast
+// Reserve's 21 tries a millisecond apart ("the gate ... stays taken").
+// Reserve tries the gate again for its whole bound, and reserves once the
+// gate is free; the handover then goes to the named heir as ever.
+func TestReserveWaitsOutAGateHeldAWhile(t *testing.T) {
+	h := startTwoHeirs(t)
+	ctx := context.Background()
+	if _, err := h.admin.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.Space, h.lt.Gate()); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the fault: the gate held 100 ms
+		_, err := h.admin.Exec(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", lockconn.Space, h.lt.Gate())
+		released <- err
+	}()
+	if err := h.ldr.Reserve(ctx, h.lt, "named-heir", 10*time.Second); err != nil {
+		t.Fatalf("Reserve with the gate held 100 ms: %v", err)
+	}
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gate's holder did not let it go")
+	}
+	h.otherWoken(t, "the reservation")
+	h.handOver(t)
+}
+
 // Precede, when the leader proves a preferred candidate (PreferredDelay
 // ahead of the handover), puts the candidate ahead of the key's other
 // heirs in the wait queue: the other heir's wait ends, and it queues
