@@ -724,7 +724,7 @@ var mutants = []mutant{
 		"\tif !r.Held {\n\t\t// A round that won", "\tif true {\n\t\t// A round that won",
 		"a ranked candidate whose round won tells the last leader its rank first: a round trip before OnElected on every win of a plain round"},
 	{"reserve-gate-brief", "internal/wire/lockconn/handover.go",
-		"gateBy := time.Now().Add(max(within, gateWait))", "gateBy := time.Now().Add(gateWait)",
+		"queued, err := l.takeGate(ctx, t, to, time.Now().Add(max(within, gateWait)))", "queued, err := l.takeGate(ctx, t, to, time.Now().Add(gateWait))",
 		"a reservation gives up after 25 ms on a gate the leader before it still holds (its Unreserve looks every 50 ms at most): a handover requested right after the last one fails"},
 	{"reserve-wakes-nobody", "internal/wire/lockconn/handover.go",
 		"\tif l.wakes() {\n\t\tsql, args, into =", "\tif false && l.wakes() {\n\t\tsql, args, into =",

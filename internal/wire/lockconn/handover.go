@@ -122,7 +122,8 @@ func Standing(ctx context.Context, conn *pgx.Conn, t *Target, identity string) (
 }
 
 // gateWait is the least time Reserve tries a taken gate for (a
-// reservation ahead has no bound of its own).
+// reservation ahead has no bound of its own): otherwise the handover's
+// whole bound.
 const gateWait = 25 * time.Millisecond
 
 // Reserve reserves t's lock for the candidate named to, before this
@@ -131,37 +132,9 @@ const gateWait = 25 * time.Millisecond
 // within, until a session named to waits for the lock; on any failure it
 // releases both.
 func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.Duration) error {
-	var gate, name, queued bool
-	sql, args := statement("handover", "reserve"), []any{Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to, t.ClassID, t.ObjID, t.ObjSubID}
-	into := []any{&gate, &name, new(bool), &queued}
-	if l.wakes() {
-		sql, args, into = reserveWake, append(args, l.f.slots), append(into, new(*int32))
-	}
-	// A winner's probe holds the gate in share mode for microseconds; the
-	// leader before this one holds it until it sees this leader hold the
-	// lock (Unreserve), which a loaded server can make tens of
-	// milliseconds; another role may hold it for good (then the handover
-	// fails). So the gate is tried again for the handover's whole bound,
-	// and at least gateWait.
-	gateBy := time.Now().Add(max(within, gateWait))
-	for pause := time.Millisecond; ; pause = min(2*pause, 5*time.Millisecond) {
-		err := l.conn.QueryRow(ctx, sql, args...).Scan(into...)
-		if err != nil {
-			return err
-		}
-		if gate && name && queued {
-			return nil
-		}
-		if gate && name {
-			break
-		}
-		if err := l.release(ctx, t, to, gate, name); err != nil {
-			return err
-		}
-		if time.Now().After(gateBy) {
-			return fmt.Errorf("pgleader: the gate of %s stays taken", t.Channel())
-		}
-		time.Sleep(pause)
+	queued, err := l.takeGate(ctx, t, to, time.Now().Add(max(within, gateWait)))
+	if err != nil || queued {
+		return err
 	}
 	deadline := time.Now().Add(within)
 	for pause := time.Millisecond; ; pause = min(2*pause, 5*time.Millisecond) {
@@ -191,6 +164,38 @@ func (l *Lease) Reserve(ctx context.Context, t *Target, to string, within time.D
 			}
 			return nil
 		}
+	}
+}
+
+// takeGate takes t's gate and to's name lock, and announces the
+// reservation (the reserve statement), trying again until by while either
+// is taken: a winner's probe holds the gate in share mode for
+// microseconds; the leader before this one holds it until it sees this
+// leader hold the lock (Unreserve), which a loaded server can make tens
+// of milliseconds; another role may hold it for good (then the handover
+// fails). It reports whether a session named to already waits for the
+// lock; on a failure it holds neither lock.
+func (l *Lease) takeGate(ctx context.Context, t *Target, to string, by time.Time) (queued bool, err error) {
+	var gate, name bool
+	sql, args := statement("handover", "reserve"), []any{Space, t.Gate(), t.NameLock(to), t.ReserveChannel(), to, t.ClassID, t.ObjID, t.ObjSubID}
+	into := []any{&gate, &name, new(bool), &queued}
+	if l.wakes() {
+		sql, args, into = reserveWake, append(args, l.f.slots), append(into, new(*int32))
+	}
+	for pause := time.Millisecond; ; pause = min(2*pause, 5*time.Millisecond) {
+		if err := l.conn.QueryRow(ctx, sql, args...).Scan(into...); err != nil {
+			return false, err
+		}
+		if gate && name {
+			return queued, nil
+		}
+		if err := l.release(ctx, t, to, gate, name); err != nil {
+			return false, err
+		}
+		if time.Now().After(by) {
+			return false, fmt.Errorf("pgleader: the gate of %s stays taken", t.Channel())
+		}
+		time.Sleep(pause)
 	}
 }
 
