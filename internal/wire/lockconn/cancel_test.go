@@ -22,20 +22,24 @@ import (
 // on the key, which no elector ever holds, would block every other
 // candidate's exclusive wait (and, through the waiters it queues, every
 // probe) until the session ended: nobody would lead. One left on the gate
-// would refuse every later reservation. The probe here sleeps while it
-// holds the shared lock, so that the cancel lands there: on the key (the
-// round's first probe) and on the gate (the probe after a win).
+// would refuse every later reservation. The key's probe here sleeps while
+// it holds the shared lock, so that the cancel lands there. The gate's
+// probe after a win is two built-in calls in a row (see pgleader_wait),
+// with no point a test can hold a cancel at; the same handler catches a
+// cancel there, so the gate's case holds a shared lock on the gate when
+// the cancel lands in the key's probe: the handler must release that too.
 func TestCancelInsideAProbeLeavesNoLock(t *testing.T) {
 	for i, on := range []string{"key", "gate"} {
 		t.Run(on, func(t *testing.T) {
 			ctx := context.Background()
 			key := leader.PairKey(7301, int32(19+i))
 			ls, target := quietSession(t, "cancelled-heir", key, lockconn.Quiet{Wait: 30 * time.Second, Poll: time.Minute, Heirs: 2})
-			a, b := int64(7301), int64(19+i) // the lock whose probe sleeps, as pg_locks shows it
+			a, b := int64(7301), int64(19+i) // the lock that must hold no shared lock after, as pg_locks shows it
 			if on == "gate" {
-				// The key is free: the heir's round wins it, then probes
-				// the gate (is the key reserved for another candidate?).
 				a, b = int64(lockconn.Space), int64(uint32(target.Gate()))
+				if _, err := ls.Conn().Exec(ctx, "SELECT pg_advisory_lock_shared($1::int4, $2::int4)", int32(lockconn.Space), target.Gate()); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if _, err := ls.Conn().Exec(ctx, `ALTER FUNCTION pg_temp.pgleader_lock(oid, oid, int2, text) RENAME TO pgleader_lock_real`); err != nil {
 				t.Fatal(err)
@@ -54,7 +58,7 @@ BEGIN
     RETURN got;
   END IF;
   RETURN pg_temp.pgleader_lock_real(c, o, s, how);
-END $f$`, a, b)); err != nil {
+END $f$`, 7301, 19+i)); err != nil {
 				t.Fatal(err)
 			}
 			if err := ls.TakeSlot(target, 0); err != nil {
