@@ -272,19 +272,35 @@ func (e *Elector) now() int64 { return int64(time.Since(e.epoch)) }
 // setLeader records the leader a round saw, by its session's
 // application_name: its identity, and its rank when it has one.
 func (e *Elector) setLeader(app string) {
+	if id, changed := e.storeLeader(app); changed {
+		e.reportLeader(id)
+	}
+}
+
+// storeLeader is setLeader's first half: Leader() (and, with values on,
+// LeaderValue()) name app's identity from now on. It reports whether that
+// identity is new and not "".
+func (e *Elector) storeLeader(app string) (id string, changed bool) {
 	id, r, _ := leader.ParseApplicationName(app)
 	e.leaderRank = r
 	if *e.leaderID.Load() == id {
-		return
+		return id, false
 	}
 	e.leaderID.Store(&id)
 	if id == "" {
-		return
+		return id, false
 	}
-	e.log.Info("new leader seen", zap.String("leader", id))
 	if e.cfg.Values.Enabled {
 		e.setLeaderValue(leader.Proclamation{Identity: id}) // its value once read
 	}
+	return id, true
+}
+
+// reportLeader is setLeader's second half, for a new leader id: the log
+// line and OnNewLeader. A new tenure calls it once OnElected has started
+// (begin), so that neither delays the leader's work.
+func (e *Elector) reportLeader(id string) {
+	e.log.Info("new leader seen", zap.String("leader", id))
 	if e.cfg.Callbacks.OnNewLeader != nil {
 		e.pendingLeader.Store(&id)
 		select {

@@ -439,6 +439,45 @@ func TestResignWaitsForCallback(t *testing.T) {
 	}
 }
 
+// A step-down logs that it waits for OnElected, with its reason, while
+// OnElected still runs; no heir leads meanwhile. (A callback that returns
+// at once is not waited for, and that line is left out.)
+func TestSlowDrainIsLogged(t *testing.T) {
+	srv := sharedServer(t)
+	r := newRecorder(t)
+	key := testKey(t)
+	core, logs := observer.New(zap.InfoLevel)
+	unblock := make(chan struct{})
+	var tenures atomic.Int32
+	a := start(t, r, opts{dsn: srv.DSN(), key: key, id: "slow", logger: zap.New(core), onLead: func(ctx context.Context, l leader.Leadership) {
+		<-ctx.Done()
+		if tenures.Add(1) == 1 {
+			<-unblock // the first tenure's flush, until the log line was seen
+		}
+	}})
+	r.next("elected", "slow")
+	start(t, r, opts{dsn: srv.DSN(), key: key, id: "next"})
+	resigned := make(chan error, 1)
+	go func() { resigned <- a.e.Resign(context.Background()) }()
+	const line = "stepping down: waiting for OnElected to return, renewing meanwhile"
+	eventually(t, "the drain's log line", func() (bool, string) {
+		n := logs.FilterMessage(line).Len()
+		return n > 0, fmt.Sprint(n, " lines")
+	})
+	entry := logs.FilterMessage(line).All()[0]
+	if got := toString(entry.ContextMap()["reason"]); !strings.Contains(got, leader.ErrResigned.Error()) {
+		t.Errorf("reason %q, want %q", got, leader.ErrResigned)
+	}
+	if n := r.count("elected", "next"); n != 0 {
+		t.Fatalf("the heir led %d times while OnElected ran", n)
+	}
+	close(unblock)
+	if err := recv(t, resigned, "Resign's return"); err != nil {
+		t.Fatal(err)
+	}
+	r.next("elected", "next")
+}
+
 // When OnElected returns on its own, the elector resigns and a waiting
 // candidate takes over.
 func TestCallbackReturnResigns(t *testing.T) {

@@ -127,9 +127,9 @@ func (e *Elector) lead(ctx context.Context, ls lease, sent time.Time, proven boo
 }
 
 // begin starts a tenure: it opens the trust window, starts OnElected, and
-// only then reports the election (log, Observer), so that nothing of the
-// user's runs between the lock check and OnElected (OnNewLeader is
-// dispatched to its own goroutine).
+// only then reports the election (log lines, OnNewLeader's dispatch, the
+// Observer), so that nothing of the user's runs between the lock check and
+// OnElected, and no log write delays it.
 func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.Time, waited time.Duration) *tenure {
 	c := e.cfg
 	l := leader.Leadership{Key: c.Key, Identity: c.Identity, Term: term, ElectedAt: time.Now(), BackendPID: pid}
@@ -159,7 +159,7 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 		st.Term, st.Since, st.LastRenew, st.LastRound, st.LastError = term, l.ElectedAt, vsent, time.Now(), ""
 		st.Candidates, st.Why = nil, "first come"
 	})
-	e.setLeader(c.Identity)
+	newLeader, changed := e.storeLeader(c.Identity)
 	e.leaderPID, e.valuePID = 0, 0
 	go func() {
 		defer close(t.cbDone)
@@ -179,6 +179,9 @@ func (e *Elector) begin(ctx context.Context, pid uint32, term int64, vsent time.
 	// announcing renew) can wait for it, the leader's work should not
 	// wait for them.
 	runtime.Gosched()
+	if changed {
+		e.reportLeader(newLeader)
+	}
 	e.electedOnce.Do(func() { close(e.elected) })
 	// acquire_wait: from the start of the campaign (its first round) to the
 	// grant, as pgleader_acquire_wait_seconds.
@@ -456,8 +459,7 @@ var errReleaseTimeout = errors.New("OnElected did not return within ReleaseTimeo
 // for use, or the fault that ended the drain (the step-down is then a
 // fault's).
 func (e *Elector) release(t *tenure, ls lease, releaseAt time.Time, reason error) (keepConn bool, fault error) {
-	t.log.Info("stepping down: waiting for OnElected to return, renewing meanwhile", zap.NamedError("reason", reason))
-	switch fault := e.drain(t, ls, releaseAt); {
+	switch fault := e.drain(t, ls, releaseAt, reason); {
 	case fault == nil:
 		keepConn = e.unlock(ls) == nil
 		if keepConn && t.handoverTo != "" {
@@ -549,8 +551,24 @@ func (e *Elector) stepDown(ctx context.Context, ls lease, t *tenure, reason erro
 // on the renew schedule while OnElected returns, so that the server-side
 // lease never frees the lock under a callback that is still running. It
 // returns nil when OnElected returned, errReleaseTimeout at releaseAt, or
-// the fault that lost the lock or the connection.
-func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
+// the fault that lost the lock or the connection. It logs the step-down's
+// reason when it has to wait (OnElected still running 2 ms after its
+// context was cancelled).
+func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time, reason error) error {
+	// Most callbacks return within microseconds of their context's
+	// cancel (most often before the loop got here): wait for that briefly
+	// before reading the socket, whose interruption costs a handover more
+	// than the wait does. Nothing else runs on a handover's path until
+	// then: no log line, no goroutine.
+	select {
+	case <-t.cbDone:
+		return nil
+	default:
+	}
+	if timing.WaitUntil(t.cbDone, time.Now().Add(2*time.Millisecond)) {
+		return nil
+	}
+	t.log.Info("stepping down: waiting for OnElected to return, renewing meanwhile", zap.NamedError("reason", reason))
 	dctx, cancel := context.WithDeadline(context.Background(), releaseAt)
 	defer cancel()
 	go func() {
@@ -560,12 +578,6 @@ func (e *Elector) drain(t *tenure, ls lease, releaseAt time.Time) error {
 		case <-dctx.Done():
 		}
 	}()
-	// Most callbacks return within microseconds of their context's
-	// cancel: wait for that briefly before reading the socket, whose
-	// interruption costs a handover more than the wait does.
-	if timing.WaitUntil(t.cbDone, time.Now().Add(2*time.Millisecond)) {
-		return nil
-	}
 	for {
 		select {
 		case <-t.cbDone:
