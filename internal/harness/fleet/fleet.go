@@ -84,6 +84,11 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 	if o.Keys > 0 {
 		return runGroupMember(ctx, o, in, em)
 	}
+	// "ctxdone" is stamped when OnElected's context ends and written from
+	// OnDemoted, before "demoted": a write to stdout on OnElected's way
+	// out would sit on the handover's path (the unlock waits for OnElected
+	// to return), where the bare reference writes nothing.
+	ended := make(chan Event, 1)
 	cfg := elector.Config{
 		Connect:  elector.DSN(o.DSN),
 		Key:      leader.KeyFromName(o.Key),
@@ -92,9 +97,19 @@ func RunCandidate(ctx context.Context, o Options, in io.Reader, out io.Writer) e
 			OnElected: func(ctx context.Context, l leader.Leadership) {
 				em.Emit(Event{Ev: "elected", Identity: o.ID, Term: l.Term})
 				<-ctx.Done()
-				em.Emit(Event{Ev: "ctxdone", Identity: o.ID, Term: l.Term, Err: leader.ReasonLabel(context.Cause(ctx))})
+				ev := Event{Ev: "ctxdone", Mono: Mono(), Identity: o.ID, Term: l.Term, Err: leader.ReasonLabel(context.Cause(ctx))}
+				select {
+				case ended <- ev:
+				default: // an earlier tenure's OnDemoted came first (ReleaseTimeout)
+					em.Emit(ev)
+				}
 			},
 			OnDemoted: func(l leader.Leadership, reason error) {
+				select {
+				case ev := <-ended:
+					em.Emit(ev)
+				default:
+				}
 				em.Emit(Event{Ev: "demoted", Identity: o.ID, Term: l.Term, Err: leader.ReasonLabel(reason)})
 			},
 		},
