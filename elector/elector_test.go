@@ -478,6 +478,43 @@ func TestSlowDrainIsLogged(t *testing.T) {
 	r.next("elected", "next")
 }
 
+// From OnElected's first line, the elector describes the new tenure:
+// IsLeader, Leader() naming itself, and Status() with the tenure's start.
+// They are set before OnElected starts; the log line and OnNewLeader's
+// dispatch come after it.
+func TestElectorDescribesItselfInsideOnElected(t *testing.T) {
+	srv := sharedServer(t)
+	seen := make(chan string, 1)
+	var e *elector.Elector
+	e, err := elector.New(elector.Config{
+		Connect: elector.DSN(srv.DSN()), Key: testKey(t), Identity: "self",
+		Callbacks: elector.Callbacks{OnElected: func(ctx context.Context, l leader.Leadership) {
+			select {
+			case seen <- fmt.Sprintf("IsLeader %v, Leader %q, Status().Since is ElectedAt: %v",
+				e.IsLeader(), e.Leader(), e.Status().Since.Equal(l.ElectedAt)):
+			default:
+			}
+			<-ctx.Done()
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := recv(t, done, "Run's return"); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	const want = `IsLeader true, Leader "self", Status().Since is ElectedAt: true`
+	if got := recv(t, seen, "OnElected"); got != want {
+		t.Fatalf("inside OnElected: %s; want %s", got, want)
+	}
+}
+
 // When OnElected returns on its own, the elector resigns and a waiting
 // candidate takes over.
 func TestCallbackReturnResigns(t *testing.T) {
