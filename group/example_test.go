@@ -35,8 +35,9 @@ func Example() {
 		groups = append(groups, g)
 		go func() { g.Run(ctx); done <- struct{}{} }()
 	}
-	for len(groups[0].Owned())+len(groups[1].Owned()) != 4 || len(groups[0].Owned()) != 2 {
-		time.Sleep(10 * time.Millisecond)
+	balanced := func() bool { return len(groups[0].Owned()) == 2 && len(groups[1].Owned()) == 2 }
+	for deadline := time.Now().Add(time.Minute); !balanced() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // in a real program: Status, or a health probe
 	}
 	fmt.Println("each replica leads", len(groups[0].Owned()), "of", len(keys), "tenants")
 	cancel()

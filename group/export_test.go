@@ -2,6 +2,7 @@ package group
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,6 +21,15 @@ func OnFullRound(g *Group, f func(ctx context.Context, conn *pgx.Conn)) {
 			f(ctx, m.Conn())
 		}
 	}
+}
+
+// PaceScans makes g scan at most once per every after its first scan, as
+// a large group does (at 100,000 keys, about every 20 s): the full rounds
+// between prove the session alone. Call it before Run.
+func PaceScans(g *Group, every time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.testScanEvery = every
 }
 
 // SuccessorOf is the member that gets key when me resigns it, among members.

@@ -72,9 +72,11 @@ type Group struct {
 
 	stats stats
 	// open opens the main session (a scripted one in tests); testRound
-	// runs before each full round (tests only; see export_test.go).
-	open      func(ctx context.Context) (wire, error)
-	testRound func(ctx context.Context, w wire)
+	// runs before each full round, and testScanEvery, when set, is the
+	// least pause between scans (tests only; see export_test.go).
+	open          func(ctx context.Context) (wire, error)
+	testRound     func(ctx context.Context, w wire)
+	testScanEvery time.Duration
 }
 
 // New validates cfg and returns a Group. Run it with Run.

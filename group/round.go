@@ -93,8 +93,8 @@ func (g *Group) round(ctx context.Context, w wire, kind roundKind) error {
 
 // read is a full round's read: the member joins first if it could not
 // yet, tells the group of members its crash watch saw go, and proves its
-// session; with scan, it also proves its keys and reads the members in one
-// scan.
+// session (on a Direct session with a Sync, no statement); with scan, it
+// also proves its keys and reads the members in one scan.
 func (g *Group) read(ctx context.Context, w wire, scan bool) (lockconn.Scan, error) {
 	g.mu.Lock()
 	hook, joined, gone := g.testRound, g.joined, g.goneOut
@@ -115,6 +115,13 @@ func (g *Group) read(ctx context.Context, w wire, scan bool) (lockconn.Scan, err
 		if err := w.Broadcast(ctx, gone, g.marker()); err != nil {
 			return lockconn.Scan{}, err
 		}
+	}
+	if !scan && w.Direct() {
+		// No statement: a Sync proves a Direct session, and spares the
+		// server the walk over every lock the session holds that ends
+		// each transaction (docs/groups.md, "Quiet rounds on a direct
+		// session").
+		return lockconn.Scan{}, w.Ping(ctx)
 	}
 	return w.Round(ctx, g.marker(), scan)
 }

@@ -52,6 +52,9 @@ type scriptWire struct {
 	stacked   int
 	// notes are the notifications the idle session reads (nil: none).
 	notes chan *pgconn.Notification
+	// direct: the session is Direct, and a full round without a scan is a
+	// ping.
+	direct bool
 }
 
 func newScriptWire(members ...string) *scriptWire {
@@ -100,6 +103,23 @@ func (w *scriptWire) Round(ctx context.Context, _ string, scan bool) (lockconn.S
 	}
 	return sc, nil
 }
+
+func (w *scriptWire) Direct() bool { return w.direct }
+func (w *scriptWire) Ping(ctx context.Context) error {
+	if w.block {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.direct {
+		return lockconn.ErrNotDirect
+	}
+	w.calls["round"]++
+	w.calls["ping"]++
+	return nil
+}
+
 func (w *scriptWire) Exchange(ctx context.Context, x lockconn.Exchange) ([]tag, bool, error) {
 	if w.onExchange != nil {
 		w.onExchange()
@@ -1408,4 +1428,43 @@ func TestScriptedDirectResignFromAnyMember(t *testing.T) {
 			t.Errorf("%s: gift %v, held from %q; want gift %v, held from %q", tc.name, gift, hold, tc.wantGift, tc.wantHold)
 		}
 	}
+}
+
+// On a Direct session a full round without a scan is a ping (no
+// statement, so no transaction whose end walks every lock the session
+// holds), and renews the trust window as the check does; a scan round
+// still scans, which proves each key by its lock again.
+func TestScriptedDirectFullRoundPings(t *testing.T) {
+	g, keys, w, demoted := leadingThree(t)
+	ctx := context.Background()
+	w.mu.Lock()
+	w.direct = true
+	checks, scans := w.calls["check"], w.calls["scan"]
+	w.mu.Unlock()
+	old := time.Now().Add(time.Second)
+	g.mu.Lock()
+	g.st.trustEnd = old
+	g.mu.Unlock()
+	if err := g.round(ctx, w, fullRound); err != nil {
+		t.Fatal(err)
+	}
+	if w.count("ping") != 1 || w.count("check") != checks || w.count("scan") != scans {
+		t.Fatalf("a full round on a Direct session: %d pings, %d checks, %d scans; want one ping alone", w.count("ping"), w.count("check")-checks, w.count("scan")-scans)
+	}
+	g.mu.Lock()
+	renewed := g.st.trustEnd.After(old)
+	g.mu.Unlock()
+	if !renewed || g.leading() != 3 {
+		t.Fatalf("the ping did not renew the trust window (renewed %v, leading %d)", renewed, g.leading())
+	}
+	w.mu.Lock()
+	delete(w.held, tagOf(keys[0]))
+	w.mu.Unlock()
+	if err := g.round(ctx, w, scanRound); err != nil {
+		t.Fatal(err)
+	}
+	if w.count("ping") != 1 || w.count("scan") != scans+1 {
+		t.Fatalf("a scan round on a Direct session: %d pings, %d scans; want the scan", w.count("ping"), w.count("scan")-scans)
+	}
+	demotedWith(t, demoted, leader.ErrLockLost, "the scan did not find the key's lock gone")
 }

@@ -118,7 +118,7 @@ func (g *Group) loop(ctx context.Context, w wire) error {
 // at every full round, proves the keys between (docs/groups.md, "What a
 // round proves"); the scan reads the members, and proves each key again.
 func (g *Group) scanEvery() time.Duration {
-	return max(g.cfg.RenewInterval, scanShare*g.scanCost)
+	return max(g.cfg.RenewInterval, scanShare*g.scanCost, g.testScanEvery)
 }
 
 // scanShare paces the scans: a member spends at most 1/scanShare of its

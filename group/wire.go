@@ -21,6 +21,10 @@ type wire interface {
 	// Round is a full round: the check and, when scan is set, the scan of
 	// pg_locks, in one round trip.
 	Round(ctx context.Context, marker string, scan bool) (lockconn.Scan, error)
+	// Direct: no proxy stands between (lockconn.Session.Direct); Ping, a
+	// full round without a statement, is allowed only then.
+	Direct() bool
+	Ping(ctx context.Context) error
 	Exchange(ctx context.Context, x lockconn.Exchange) (won []tag, unlocked bool, err error)
 	Bump(ctx context.Context, won []tag, names []string) (map[tag]int64, error)
 	Broadcast(ctx context.Context, msgs []lockconn.GroupMessage, marker string) error

@@ -481,11 +481,25 @@ var mutants = []mutant{
 	// Scans between full rounds (#31): the session proves the keys; the
 	// scan, paced, proves them again and reads the members.
 	{"group-scan-never-again", "group/session.go",
-		"\treturn max(g.cfg.RenewInterval, scanShare*g.scanCost)\n", "\treturn time.Hour\n",
+		"\treturn max(g.cfg.RenewInterval, scanShare*g.scanCost, g.testScanEvery)\n", "\treturn time.Hour\n",
 		"a member scans pg_locks only at its session's start: a key its session lost is never found, a member that died unwatched is never seen"},
 	{"group-scan-every-round", "group/session.go",
-		"\treturn max(g.cfg.RenewInterval, scanShare*g.scanCost)\n", "\treturn g.cfg.RenewInterval\n",
+		"\treturn max(g.cfg.RenewInterval, scanShare*g.scanCost, g.testScanEvery)\n", "\treturn g.cfg.RenewInterval\n",
 		"every full round scans pg_locks: 100,000 keys on 3 members cost 39 % of a server core"},
+	// Quiet rounds (#31): on a Direct session a full round without a scan
+	// is a Sync, which runs no transaction.
+	{"ping-any-session", "internal/wire/lockconn/group.go",
+		"func (m *Member) Direct() bool { return m.sess.Direct }", "func (m *Member) Direct() bool { return true }",
+		"a session behind a proxy is proven by a Sync: a pooler that gave its backend to another client, or replaced a dead one, goes unnoticed"},
+	{"ping-answers-itself", "internal/wire/lockconn/group.go",
+		"\tif !m.Direct() {\n\t\treturn ErrNotDirect\n\t}\n", "\tif m.Direct() {\n\t\treturn nil\n\t}\n",
+		"a quiet round renews the trust window with no round trip: a stalled or gone backend is trusted on"},
+	{"group-ping-scans-too", "group/round.go",
+		"\tif !scan && w.Direct() {\n", "\tif w.Direct() {\n",
+		"a scan round on a Direct session is a Sync: no key is proven by its lock again, no member is read"},
+	{"group-ping-never", "group/round.go",
+		"\tif !scan && w.Direct() {\n", "\tif false {\n",
+		"every full round runs a statement: at 100,000 keys, each one's commit walks every lock the session holds (most of a standing group's server CPU)"},
 	{"group-check-no-trust", "group/round.go",
 		"\t\tg.st.trustEnd = sent.Add(g.cfg.RenewDeadline)\n\t\tg.stats.rounds++\n", "\t\tif in.scanned {\n\t\t\tg.st.trustEnd = sent.Add(g.cfg.RenewDeadline)\n\t\t}\n\t\tg.stats.rounds++\n",
 		"only a scan renews the trust window: between scans every key is demoted"},

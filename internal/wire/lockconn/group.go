@@ -248,6 +248,55 @@ func (m *Member) Round(ctx context.Context, marker string, scan bool) (Scan, err
 	return sc, br.Close()
 }
 
+// ErrNotDirect is Ping's refusal on a session that is not Direct: a proxy
+// stands between, and only a statement's pid and token prove the backend.
+var ErrNotDirect = errors.New("pgleader: a quiet round needs a direct session (no proxy between)")
+
+// Direct reports whether the session is Direct: the server sees this
+// connection's own TCP address and port as its client's.
+func (m *Member) Direct() bool { return m.sess.Direct }
+
+// Ping is a full round without a statement, for a Direct session: a bare
+// Sync message, which the backend answers with ReadyForQuery and no
+// transaction. A statement's transaction ends with PostgreSQL walking
+// every lock the session holds (LockReleaseAll, at each commit), which at
+// 100,000 keys was most of what a standing group cost the server; a Sync
+// runs no transaction, and proves what the check does (docs/groups.md,
+// "What a round proves"): on a Direct session the backend that answers is
+// the session's own, for as long as the connection lasts, no client but
+// this one sends it anything, and a primary's backend never finds itself
+// on a standby. The Sync also restarts the backend's idle_session_timeout,
+// as a statement does. ctx's deadline bounds it; a backend that answers
+// outside idle (none should) is an error.
+func (m *Member) Ping(ctx context.Context) error {
+	if !m.Direct() {
+		return ErrNotDirect
+	}
+	pc := m.conn.PgConn()
+	p := pc.StartPipeline(ctx)
+	err := p.Sync()
+	if err == nil {
+		var res any
+		if res, err = p.GetResults(); err == nil {
+			if _, ok := res.(*pgconn.PipelineSync); !ok {
+				err = fmt.Errorf("pgleader: a Sync answered with %T", res)
+			}
+		}
+	}
+	if cerr := p.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return err
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrConnectionLost, err)
+	case pc.TxStatus() != 'I':
+		return fmt.Errorf("%w: the backend (pid %d) answered a Sync in transaction state %q, not idle", ErrConnectionLost, m.sess.PID, pc.TxStatus())
+	}
+	return nil
+}
+
 // setMarker prepares marker when it changed (the key count did).
 func (m *Member) setMarker(ctx context.Context, marker string) error {
 	if marker == m.marker {

@@ -229,3 +229,79 @@ func TestMemberExchangeRefusesAStandby(t *testing.T) {
 	}
 	joinRefused(t, m, admin, uint32(pid), lockconn.ErrStandby)
 }
+
+// activity is backend pid's pg_stat_activity row, as another session of
+// the same role reads it: when its last statement began, when its state
+// last changed, and the state.
+func activity(t *testing.T, admin *pgx.Conn, pid uint32) (queryStart, stateChange time.Time, state string) {
+	t.Helper()
+	err := admin.QueryRow(context.Background(), `SELECT query_start, state_change, state FROM pg_stat_activity WHERE pid = $1`,
+		int32(pid)).Scan(&queryStart, &stateChange, &state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return queryStart, stateChange, state
+}
+
+// A ping is a round trip to the session's own backend that runs no
+// statement: the backend's last statement stays the last (query_start
+// does not move) while each Sync reaches it (state_change moves), and a
+// notification that arrives meanwhile is kept for the idle read. It is
+// refused on a session that is not Direct, and reports the backend's end
+// as ErrConnectionLost.
+func TestMemberPing(t *testing.T) {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	conn, sess := session(t, "member-ping", time.Second)
+	if !sess.Direct {
+		t.Fatal("a session on 127.0.0.1 with no proxy is not Direct")
+	}
+	m := lockconn.NewMember(conn, sess, "member-ping", "m")
+	if !m.Direct() {
+		t.Fatal("Member.Direct: false on a Direct session")
+	}
+	if err := m.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q0, s0, _ := activity(t, admin, sess.PID)
+	for i := range 3 {
+		if i == 1 {
+			if _, err := admin.Exec(ctx, "SELECT pg_notify($1, 'during-ping')", lockconn.GroupChannel("member-ping")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Ping(ctx); err != nil {
+			t.Fatalf("ping %d: %v", i, err)
+		}
+	}
+	q1, s1, state := activity(t, admin, sess.PID)
+	if !q1.Equal(q0) {
+		t.Errorf("the backend's last statement began at %s before the pings and at %s after: a ping ran a statement", q0, q1)
+	}
+	if !s1.After(s0) || state != "idle" {
+		t.Errorf("state %q changed at %s before the pings and at %s after: no Sync reached the backend", state, s0, s1)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	n, err := m.Wait(wctx)
+	cancel()
+	if err != nil || n == nil || n.Payload != "during-ping" {
+		t.Errorf("the notification sent between pings: %v, %v", n, err)
+	}
+	notDirect := sess
+	notDirect.Direct = false
+	if err := lockconn.NewMember(conn, notDirect, "member-ping", "m").Ping(ctx); !errors.Is(err, lockconn.ErrNotDirect) {
+		t.Errorf("ping on a session that is not Direct: %v, want ErrNotDirect", err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(sess.PID)); err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := m.Ping(pctx); !errors.Is(err, lockconn.ErrConnectionLost) {
+		t.Errorf("ping after the backend was terminated: %v, want ErrConnectionLost", err)
+	}
+}
