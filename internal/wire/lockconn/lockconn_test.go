@@ -896,6 +896,63 @@ func TestStaleRequestsDoNotReachTheNextTenure(t *testing.T) {
 	}
 }
 
+// A leader that unlocks stops listening for resign requests, by its next
+// campaign round at the latest. Requests sent to its backend after the
+// unlock (by an asker that looked the holder up a moment before) must not
+// end the session's next tenure, and a follower's session must not go on
+// listening: a flood of requests would wake it for nothing.
+func TestUnlockStopsListening(t *testing.T) {
+	ctx := context.Background()
+	key := leader.KeyFromName(t.Name())
+	ls := openLease(t, "again", time.Second)
+	target := lockconn.NewTarget(key, "", "", "")
+	listening := func() bool {
+		t.Helper()
+		var n int
+		if err := ls.Conn().QueryRow(ctx, "SELECT count(*) FROM pg_listening_channels() c WHERE c = $1", target.ResignChannel()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	campaign := func() {
+		t.Helper()
+		if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
+			t.Fatalf("campaign: %+v %v", r, err)
+		}
+	}
+	campaign()
+	if err := ls.Announce(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if !listening() {
+		t.Fatal("a leader does not listen for resign requests")
+	}
+	if err := ls.Unlock(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	asker, err := pgx.Connect(ctx, server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer asker.Close(ctx)
+	for range 3 {
+		if _, err := asker.Exec(ctx, "SELECT pg_notify($1, $2)", target.ResignChannel(), lockconn.RequestPayload(ls.PID(), "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	campaign()
+	if listening() {
+		t.Fatal("the session still listens for resign requests after a campaign round that followed its unlock")
+	}
+	if err := ls.Announce(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	req, err := ls.WaitIdle(ctx, target, time.Now().Add(300*time.Millisecond))
+	if err != nil || req.PID != 0 {
+		t.Fatalf("the next tenure read %+v (%v): a request sent to the tenure before", req, err)
+	}
+}
+
 // A NOTIFY's commit waits for the server-wide notify queue lock, under
 // lock_timeout: another role's storm of notifications (any role may send
 // them, on any channel) once made a renew that announces fail with a lock

@@ -3,6 +3,7 @@ package lockconn_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -290,6 +291,21 @@ func TestMemberPing(t *testing.T) {
 	cancel()
 	if err != nil || n == nil || n.Payload != "during-ping" {
 		t.Errorf("the notification sent between pings: %v, %v", n, err)
+	}
+	// A session left inside a transaction (a bug of ours: only the
+	// member sends on its connection) answers a Sync in state 'T': no
+	// proof that the round's statements ran to their end.
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ping(ctx); !errors.Is(err, lockconn.ErrConnectionLost) || !strings.Contains(err.Error(), "transaction state") {
+		t.Errorf("ping inside a transaction: %v, want ErrConnectionLost (not idle)", err)
+	}
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ping(ctx); err != nil {
+		t.Errorf("ping after the rollback: %v", err)
 	}
 	notDirect := sess
 	notDirect.Direct = false
