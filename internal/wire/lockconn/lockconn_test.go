@@ -38,6 +38,19 @@ func session(t testing.TB, id string, lockTimeout time.Duration) (*pgx.Conn, loc
 	return conn, sess
 }
 
+// plainConn is a plain connection to the shared server (no lock session:
+// an administrator, an asker, another role's waiter), closed when the test
+// ends.
+func plainConn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), server(t).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 func acquire(t testing.TB, conn *pgx.Conn, tag lockconn.Tag) (already, held bool, err error) {
 	r, err := lockconn.ScanAcquire(conn.QueryRow(context.Background(), tag.AcquireSQL("pg_advisory_lock"), tag.Vals...))
 	return r.Already, r.Held, err
@@ -293,11 +306,7 @@ func TestQuietRoundNeverStacks(t *testing.T) {
 // lead until the session ended.
 func TestQuietRoundNeverStacksBehindAWaiter(t *testing.T) {
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := plainConn(t)
 	for i, key := range []leader.Key{leader.KeyFromName(t.Name()), leader.PairKey(5, 6)} {
 		ls := openLease(t, fmt.Sprintf("stack-behind-%d", i), time.Second)
 		target := lockconn.NewTarget(key, "", "", "")
@@ -308,11 +317,7 @@ func TestQuietRoundNeverStacksBehindAWaiter(t *testing.T) {
 		if r, err := ls.Campaign(ctx, target, false); err != nil || !r.Held || r.Already {
 			t.Fatalf("first quiet round: %+v %v", r, err)
 		}
-		waiter, err := pgx.Connect(ctx, server(t).DSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer waiter.Close(ctx)
+		waiter := plainConn(t)
 		lock := "SELECT pg_advisory_lock($1::int8)"
 		args := []any{}
 		if k, ok := key.Int64(); ok {
@@ -557,11 +562,7 @@ func TestQuietHeirsAndWatchers(t *testing.T) {
 			}
 		}()
 	}
-	admin, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := plainConn(t)
 	count := func(sql string, args ...any) int {
 		var n int
 		if err := admin.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
@@ -664,11 +665,7 @@ func TestReservationIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The gate, held by a session of the same role for good.
-	stuck, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stuck.Close(context.Background())
+	stuck := plainConn(t)
 	if _, err := stuck.Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", lockconn.Space, target.Gate()); err != nil {
 		t.Fatal(err)
 	}
@@ -791,11 +788,7 @@ func TestQuietLookupsBackOffUnderAFlood(t *testing.T) {
 	}
 	const every = 10 * time.Millisecond
 	watcher, wt := quietSession(t, "flood-watcher", key, lockconn.Quiet{Wait: 300 * time.Millisecond, Poll: time.Minute, Heirs: 0, Lease: 30 * time.Second, VerifyEvery: every})
-	forger, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer forger.Close(ctx)
+	forger := plainConn(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -856,11 +849,7 @@ func TestStaleRequestsDoNotReachTheNextTenure(t *testing.T) {
 		}
 	}
 	lead()
-	asker, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer asker.Close(ctx)
+	asker := plainConn(t)
 	// The request arrives while the session runs a statement: the server
 	// sends it right after that statement's reply, and the unlock reads it.
 	busy := make(chan error, 1)
@@ -930,11 +919,7 @@ func TestUnlockStopsListening(t *testing.T) {
 	if err := ls.Unlock(ctx, target); err != nil {
 		t.Fatal(err)
 	}
-	asker, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer asker.Close(ctx)
+	asker := plainConn(t)
 	for range 3 {
 		if _, err := asker.Exec(ctx, "SELECT pg_notify($1, $2)", target.ResignChannel(), lockconn.RequestPayload(ls.PID(), "")); err != nil {
 			t.Fatal(err)

@@ -99,11 +99,7 @@ func exchangeBoth(m *lockconn.Member) (won []lockconn.Tag3, unlocked bool, err e
 // free another client's locks.
 func TestMemberExchangeGuards(t *testing.T) {
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := plainConn(t)
 	conn, sess := session(t, "member-guards", time.Second)
 	hold := func(t *testing.T) {
 		t.Helper()
@@ -252,11 +248,7 @@ func activity(t *testing.T, admin *pgx.Conn, pid uint32) (queryStart, stateChang
 // as ErrConnectionLost.
 func TestMemberPing(t *testing.T) {
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, server(t).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
+	admin := plainConn(t)
 	conn, sess := session(t, "member-ping", time.Second)
 	if !sess.Direct {
 		t.Fatal("a session on 127.0.0.1 with no proxy is not Direct")

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/pgleader/pgleader/internal/wire/lockconn"
 	"github.com/pgleader/pgleader/leader"
 )
@@ -24,11 +23,7 @@ func TestRenewSession(t *testing.T) {
 		if r, err := ls.Campaign(ctx, target, true); err != nil || !r.Held {
 			t.Fatalf("%v: Campaign: %+v %v", key, r, err)
 		}
-		other, err := pgx.Connect(ctx, server(t).DSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer other.Close(ctx)
+		other := plainConn(t)
 		// A waiter queued on the held lock.
 		call, vals := "SELECT pg_advisory_lock($1::int8)", []any{}
 		try := "SELECT pg_try_advisory_lock($1::int8)"
