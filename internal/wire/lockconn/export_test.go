@@ -63,6 +63,9 @@ func SetRingCancelAge(d time.Duration) time.Duration {
 // GrantedFrom is grantedFrom, for its table test.
 var GrantedFrom = grantedFrom
 
+// ExecutionTime is executionTime, for its table test.
+var ExecutionTime = executionTime
+
 // WaitRound runs one heir's wait call (see runRound) and returns its code
 // and the wait's length the call read.
 func (l *Lease) WaitRound(ctx context.Context, t *Target) (int32, time.Duration, error) {

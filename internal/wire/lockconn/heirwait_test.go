@@ -301,6 +301,55 @@ func TestGrantedFrom(t *testing.T) {
 	}
 }
 
+// executionTime reads the wait's length from the plan the server wrote
+// (PostgreSQL 15's, below, and 18's, which adds the planning's buffers
+// under "Planning"), and from nothing else: any plan without a positive
+// number as the server writes it for "Execution Time" is no measure, and the window then opens
+// at the round's send time.
+func TestExecutionTime(t *testing.T) {
+	const pg15 = `[
+  {
+    "Plan": {
+      "Node Type": "Result",
+      "Parallel Aware": false,
+      "Async Capable": false,
+      "Actual Rows": 1,
+      "Actual Loops": 1
+    },
+    "Planning Time": 0.038,
+    "Triggers": [
+    ],
+    "Execution Time": 1234.567
+  }
+]`
+	const pg18 = `[{"Plan": {"Node Type": "Result", "Parallel Aware": false, "Async Capable": false, "Actual Rows": 1.00, "Actual Loops": 1, "Disabled": false}, ` +
+		`"Planning": {"Shared Hit Blocks": 3}, "Planning Time": 0.102, "Triggers": [], "Execution Time": 0.251}]`
+	for _, c := range []struct {
+		plan string
+		want time.Duration
+	}{
+		{pg15, 1234567 * time.Microsecond},
+		{pg18, 251 * time.Microsecond},
+		{`[{"Execution Time":7}]`, 7 * time.Millisecond},
+		{"", 0},
+		{`[{"Plan": {}, "Planning Time": 5.000}]`, 0},
+		{`[{"Execution Time": -5.000}]`, 0},
+		{`[{"Execution Time": "5.000"}]`, 0},
+		{`[{"Execution Time": 0.000}]`, 0},
+		{`[{"Execution Time": NaN}]`, 0},
+		{`[{"Execution Time": 1e300}]`, 0},
+		{`[{"Execution Time": 5x}]`, 0},
+		{`[{"Execution Time": 5.5.5}]`, 0},
+		{"[{\"Execution Time\":\n 2.500\n}]", 2500 * time.Microsecond},
+		{`[{"Execution Time": 99999999999999999999}]`, 0},
+		{`[{"Execution Time": 5.000, "Execution Time": 9.000}]`, 9 * time.Millisecond},
+	} {
+		if got := lockconn.ExecutionTime([]byte(c.plan)); got != c.want {
+			t.Errorf("%q: %s, want %s", c.plan, got, c.want)
+		}
+	}
+}
+
 // While the server logs lock waits (log_lock_waits, which only a superuser
 // sets), an heir's wait stays under deadlock_timeout, so that no wait is
 // logged: the session function reads the setting at every round.

@@ -1,10 +1,13 @@
 package lockconn
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -317,10 +320,10 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int
 	} else {
 		f.nextPoll = time.Now().Add(f.Poll*3/4 + rand.N(f.Poll/4+1))
 	}
-	var ms float64
+	var plan []byte
 	dest := []any{&code}
 	if waiting {
-		dest = append(dest, &ms)
+		dest = append(dest, &plan)
 	}
 	if err := l.conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		if waiting && ctx.Err() == context.DeadlineExceeded {
@@ -328,7 +331,34 @@ func (l *Lease) runRound(ctx context.Context, t *Target, waiting bool) (code int
 		}
 		return 0, 0, Pooling(err)
 	}
-	return code, time.Duration(ms * float64(time.Millisecond)), nil
+	return code, executionTime(plan), nil
+}
+
+// executionTime is the "Execution Time" (ms) of plan, the JSON an heir's
+// wait ran under EXPLAIN ANALYZE gave (pgleader_wait): the wait's length
+// as the server measured it. 0 (no measure: the window opens at the
+// round's send time) for a round that measured none (NULL), and for
+// anything but a positive number in the digits and point the server
+// writes (%.3f) there. The key is the plan's last property.
+func executionTime(plan []byte) time.Duration {
+	const key = `"Execution Time":`
+	i := bytes.LastIndex(plan, []byte(key))
+	if i < 0 {
+		return 0
+	}
+	v := bytes.TrimLeft(plan[i+len(key):], " \t\r\n")
+	n := 0
+	for n < len(v) && (v[n] >= '0' && v[n] <= '9' || v[n] == '.') {
+		n++
+	}
+	if n < len(v) && !bytes.ContainsAny(v[n:n+1], " \t\r\n,}") {
+		return 0 // 1e3, 5x: not a number the server writes
+	}
+	ms, err := strconv.ParseFloat(string(v[:n]), 64)
+	if err != nil || ms <= 0 || ms > float64(math.MaxInt64/time.Millisecond) {
+		return 0
+	}
+	return time.Duration(ms * float64(time.Millisecond))
 }
 
 // grantedFrom is when a trust window that a round's grant opens may run

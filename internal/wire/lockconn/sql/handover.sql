@@ -106,13 +106,13 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
 -- that matches nothing.
 DECLARE
   code int;
-  waited float8;
+  plan text;
 BEGIN
   IF current_setting('pgleader.warm', true) IS DISTINCT FROM 'on' THEN
     PERFORM pg_temp.pgleader_reserved(gate, me);
     IF me IS NOT NULL THEN
       CALL pg_temp.pgleader_wait(1885817928, me::oid, 2::int2, pg_backend_pid(),
-        current_setting('pgleader.owner', true), 1, me, gate, me, code, waited);
+        current_setting('pgleader.owner', true), 1, me, gate, me, code, plan);
     END IF;
     IF pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'try') THEN
       PERFORM pg_temp.pgleader_lock(1885817928, me::oid, 2::int2, 'unlock');
