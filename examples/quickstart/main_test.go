@@ -104,8 +104,17 @@ func TestQuickstartHandsOver(t *testing.T) {
 	if err := cmds[first].Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmds[first].Wait(); err != nil {
-		t.Fatalf("the leader exited with %v after SIGTERM:\n%s", err, outs[first])
+	exited := make(chan error, 1)
+	go func() { exited <- cmds[first].Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the leader exited with %v after SIGTERM:\n%s", err, outs[first])
+		}
+	case <-time.After(time.Minute):
+		cmds[first].Process.Kill()
+		<-exited
+		t.Fatalf("the leader still ran a minute after SIGTERM:\n%s", outs[first])
 	}
 	other := outs[1-first]
 	deadline := time.Now().Add(30 * time.Second)

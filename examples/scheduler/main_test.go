@@ -148,8 +148,10 @@ func TestEachTickOnceThroughFaults(t *testing.T) {
 	for _, c := range children {
 		c.CloseStdin()
 	}
-	for _, c := range children {
-		<-c.Done()
+	for id, c := range children {
+		if !c.Exited(time.Minute) {
+			t.Fatalf("%s did not stop within a minute of its stdin's end", id)
+		}
 	}
 
 	rows, err := conn.Query(ctx, `SELECT tick, array_agg(replica ORDER BY replica) FROM ticks GROUP BY tick ORDER BY tick`)

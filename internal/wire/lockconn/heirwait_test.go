@@ -249,21 +249,12 @@ func TestHeirGrantOpensTheWindowAtTheGrant(t *testing.T) {
 	t.Logf("the window opens %s after the round was sent, %s before its answer", res.r.Sent.Sub(sent), answered.Sub(res.r.Sent))
 }
 
-// A round whose wait granted nothing reports no wait's length, whatever
-// default a role or the database gives the setting the length comes in: a
-// default of an hour would open the trust window of a lock held before
-// the round at the round's answer instead of its send time.
-func TestHeirWaitLengthIgnoresDefaults(t *testing.T) {
+// A round on a lock its session held before reports no wait's length:
+// its wait granted nothing, and a length there would open the trust
+// window of a lock held before the round after the round's send time.
+func TestHeirHeldBeforeReportsNoWait(t *testing.T) {
 	srv := testpg.Start(t, testpg.Options{})
 	ctx := context.Background()
-	admin, err := srv.Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "ALTER ROLE CURRENT_USER SET pgleader.waited_ms = '3600000'"); err != nil {
-		t.Fatal(err)
-	}
 	ldr, heir, target := heirWaitSetup(t, srv, 60*time.Second)
 	key := leader.KeyFromName(t.Name())
 	if err := ldr.Unlock(ctx, lockconn.NewTarget(key, "", "", "")); err != nil {
