@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -131,6 +132,16 @@ throwaway server.
 			return err
 		}
 		defer admin.Close(ctx)
+		// What the numbers depend on besides the code: a handover's Go
+		// processes hand off between goroutines, which costs more when
+		// the runtime wakes an idle processor (docs/benchmarks.md, the
+		// resign over fifteen runs); the candidates inherit GOMAXPROCS.
+		var version string
+		if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&version); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "bench: %s, %d CPUs, GOMAXPROCS %d (the candidates inherit the environment's), PostgreSQL %s\n",
+			runtime.Version(), runtime.NumCPU(), runtime.GOMAXPROCS(0), version)
 		b := &bencher{dsn: dsn, srv: srv, exe: exe, runs: *runs, out: progress, admin: admin,
 			interval: 100 * time.Millisecond, deadline: 500 * time.Millisecond, lease: 1500 * time.Millisecond, settle: *settle}
 		if ci := *crowdInterval; ci > 0 {
