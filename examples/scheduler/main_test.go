@@ -149,7 +149,9 @@ func TestEachTickOnceThroughFaults(t *testing.T) {
 		c.CloseStdin()
 	}
 	for id, c := range children {
-		if !c.Exited(time.Minute) {
+		select {
+		case <-c.Done():
+		case <-time.After(time.Minute):
 			t.Fatalf("%s did not stop within a minute of its stdin's end", id)
 		}
 	}

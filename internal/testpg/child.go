@@ -131,20 +131,6 @@ func (c *Child) CloseStdin() error { return c.stdin.Close() }
 // Done is closed when the child has exited.
 func (c *Child) Done() <-chan struct{} { return c.done }
 
-// Exited waits up to d for the child to exit, and reports whether it did:
-// a test's bounded wait, so that a child that never stops fails the test
-// instead of hanging it until the test binary's timeout.
-func (c *Child) Exited(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-c.done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
 // Wait waits for the next event named ev, skipping others, until ctx ends.
 func (c *Child) Wait(ctx context.Context, ev string) (Event, error) {
 	return c.WaitAny(ctx, ev)
