@@ -17,7 +17,9 @@ const (
 	// (pg_advisory_unlock_all) and returns the connection to the pool.
 	GuardUnlock GuardMode = iota
 	// GuardDestroy counts them like GuardUnlock, but closes a connection
-	// that held any instead of returning it to the pool.
+	// that held any instead of returning it to the pool. The server frees
+	// its locks as the backend exits, a moment after the close (the next
+	// Acquire may return first).
 	GuardDestroy
 	// GuardUnlockBlind runs pg_advisory_unlock_all without reading
 	// pg_locks: about half the cost, but leaks go unreported.

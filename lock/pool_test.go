@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -76,7 +77,14 @@ func TestPoolGuard(t *testing.T) {
 			if destroy == (pid == leakedPid) {
 				t.Fatalf("destroy=%v but the backend pid went from %d to %d", destroy, leakedPid, pid)
 			}
-			h, err := leader.Holder(ctx, conn(t), key)
+			admin := conn(t)
+			if destroy {
+				// The pool closed the leaked connection; its backend
+				// frees the lock as it exits, a moment later (on a loaded
+				// machine, after the next Acquire): wait for that exit.
+				waitGone(t, admin, leakedPid)
+			}
+			h, err := leader.Holder(ctx, admin, key)
 			if err != nil || h.Held {
 				t.Fatalf("the leaked lock is still held: %+v %v", h, err)
 			}
@@ -84,6 +92,25 @@ func TestPoolGuard(t *testing.T) {
 				t.Fatalf("OnLeak saw %d locks, want %d", leaks.Load(), want)
 			}
 		})
+	}
+}
+
+// waitGone waits, up to 30 s, until the backend pid has exited.
+func waitGone(t *testing.T, admin *pgx.Conn, pid uint32) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d still runs 30 s after its connection was closed", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
